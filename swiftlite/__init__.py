@@ -1,0 +1,29 @@
+"""swiftlite: LoRA supervised fine-tuning for Qwen2-class causal language models.
+
+Python API (the same arguments as the CLI):
+    swiftlite.sft(model="SmolLM2-135M-Instruct", dataset=["self-cognition#500"], ...)
+    swiftlite.merge_lora(ckpt_dir="output/.../checkpoint-50")
+    swiftlite.infer(ckpt_dir=..., messages=[...])
+    swiftlite.get_template("qwen", tokenizer).encode(messages)
+Heavy libraries are imported only when a function is called.
+"""
+__version__ = "0.1.0"
+
+_LAZY = {
+    "sft": ("swiftlite.pipelines.sft", "sft"),
+    "SftArguments": ("swiftlite.arguments", "SftArguments"),
+    "get_template": ("swiftlite.template", "get_template"),
+    "merge_lora": ("swiftlite.pipelines.merge", "merge_lora"),
+    "infer": ("swiftlite.pipelines.infer", "infer"),
+    "SwiftliteError": ("swiftlite.errors", "SwiftliteError"),
+    "UsageError": ("swiftlite.errors", "UsageError"),
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'swiftlite' has no attribute {name!r}")

@@ -1,0 +1,305 @@
+"""One dataclass per command. CLI flags, YAML/JSON config files, Web-UI forms and Python
+keyword arguments all build these same objects, with the same names.
+
+`SftArguments` also accepts every Hugging Face `TrainingArguments` field (e.g. `report_to`,
+`eval_strategy`, `dataloader_num_workers`) as a flag of the same name; those land in
+`training_args` and go to the Trainer unchanged. Everything is validated once, and all
+problems are reported together.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import UsageError
+
+
+def arg(default=None, help: str = "", *, choices=None, group: str = "", factory=None):
+    meta = {"help": help, "choices": choices, "group": group}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelArguments:
+    model: Optional[str] = arg(None, "local model folder, hub id (Qwen/Qwen2-1.5B-Instruct) or "
+                               "alias (Qwen2-1.5B-Instruct, SmolLM2-135M-Instruct, tiny-qwen2)",
+                               group="model")
+    template: Optional[str] = arg(None, "chat template name or path to a template JSON file; "
+                                  "default: the model's own", group="model")
+    system: Optional[str] = arg(None, "default system prompt (replaces the template's)",
+                                group="model")
+    torch_dtype: str = arg("auto", "weights dtype; auto: bf16 on Ampere+ GPUs and Ascend, fp16 "
+                           "on T4/V100, fp32 on CPU", choices=("auto", "bfloat16", "float16",
+                                                               "float32"), group="model")
+    trust_remote_code: bool = arg(False, "run code shipped with the model (off: safer)",
+                                  group="model")
+    attn_impl: Optional[str] = arg(None, "attention implementation (sdpa, eager, "
+                                   "flash_attention_2); default: the fastest available",
+                                   group="model")
+
+
+@dataclass
+class DataArguments:
+    dataset: list[str] = arg(help="files (.jsonl/.json/.csv/.parquet) or built-ins "
+                             "(self-cognition), each optionally NAME#N to sample N rows",
+                             factory=list, group="data")
+    val_dataset: list[str] = arg(help="validation files or built-ins (same syntax)",
+                                 factory=list, group="data")
+    split_dataset_ratio: float = arg(0.0, "share of --dataset held out for validation",
+                                     group="data")
+    max_length: int = arg(2048, "longest sample in tokens (see --truncation_strategy)",
+                          group="data")
+    truncation_strategy: str = arg("delete", "over-long samples: delete them, or cut from the "
+                                   "left/right (counts are always printed)",
+                                   choices=("delete", "left", "right"), group="data")
+    skip_bad_rows: bool = arg(False, "skip malformed rows (counted per reason) instead of "
+                              "stopping", group="data")
+    model_name: list[str] = arg(help="name for self-cognition: English [Chinese]",
+                                factory=list, group="data")
+    model_author: list[str] = arg(help="author for self-cognition: English [Chinese]",
+                                  factory=list, group="data")
+    data_seed: int = arg(42, "seed for dataset sampling (#N) and splitting", group="data")
+    load_from_cache_file: bool = arg(True, "reuse tokenised data cached on disk", group="data")
+
+
+@dataclass
+class LoraArguments:
+    train_type: str = arg("lora", "lora: train adapters on a frozen model; full: all weights",
+                          choices=("lora", "full"), group="tuner")
+    lora_rank: int = arg(8, "LoRA rank r", group="tuner")
+    lora_alpha: int = arg(32, "LoRA alpha (scale = alpha / rank)", group="tuner")
+    lora_dropout: float = arg(0.05, "dropout on the LoRA input", group="tuner")
+    target_modules: list[str] = arg(help="modules to adapt: all-linear, or names such as "
+                                    "q_proj v_proj", factory=lambda: ["all-linear"],
+                                    group="tuner")
+
+
+@dataclass
+class TrainArguments:
+    output_dir: Optional[str] = arg(None, "output root; the run goes to "
+                                    "<output_dir>/v<N>-<timestamp> (default output/<model>)",
+                                    group="train")
+    add_version: bool = arg(True, "add the v<N>-<timestamp> run folder under --output_dir",
+                            group="train")
+    num_train_epochs: float = arg(3.0, "epochs (ignored when --max_steps > 0)", group="train")
+    max_steps: int = arg(-1, "optimizer steps; -1: use --num_train_epochs", group="train")
+    per_device_train_batch_size: int = arg(1, "samples per device per step", group="train")
+    per_device_eval_batch_size: int = arg(1, "samples per device per eval step", group="train")
+    gradient_accumulation_steps: Optional[int] = arg(
+        None, "micro-batches per optimizer step; default: a total batch of 16", group="train")
+    learning_rate: float = arg(1e-4, "peak learning rate", group="train")
+    lr_scheduler_type: str = arg("cosine", "learning rate schedule", group="train")
+    warmup_ratio: float = arg(0.05, "share of steps for linear warmup", group="train")
+    weight_decay: float = arg(0.1, "AdamW weight decay", group="train")
+    max_grad_norm: float = arg(1.0, "gradient clipping", group="train")
+    logging_steps: int = arg(5, "log every N steps", group="train")
+    save_steps: int = arg(500, "save a checkpoint every N steps", group="train")
+    eval_steps: Optional[int] = arg(None, "evaluate every N steps (default: --save_steps)",
+                                    group="train")
+    save_total_limit: Optional[int] = arg(None, "keep only the last N checkpoints",
+                                          group="train")
+    seed: int = arg(42, "random seed", group="train")
+    gradient_checkpointing: bool = arg(True, "recompute activations in backward to save "
+                                       "memory", group="train")
+    deepspeed: Optional[str] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
+                                   "zero3_offload, a JSON file or inline JSON", group="train")
+    resume_from_checkpoint: Optional[str] = arg(None, "continue from this checkpoint folder",
+                                                group="train")
+    padding_free: bool = arg(True, "pack each batch into one row without padding (attention "
+                             "stays inside each sample); false: pad to the longest",
+                             group="train")
+
+
+@dataclass
+class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments):
+    """Arguments of `swiftlite sft`."""
+    training_args: dict = arg(help="other transformers TrainingArguments fields",
+                              factory=dict, group="hidden")
+
+    def validate(self) -> "SftArguments":
+        problems = []
+        if not self.model:
+            problems.append("--model is required (an alias such as SmolLM2-135M-Instruct, a hub "
+                            "id, or a local folder)")
+        if not self.dataset:
+            problems.append("--dataset is required (a file, or a built-in such as "
+                            "self-cognition#500)")
+        problems += _check_choices(self)
+        for name in ("lora_rank", "lora_alpha", "max_length", "per_device_train_batch_size",
+                     "logging_steps", "save_steps"):
+            if getattr(self, name) <= 0:
+                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
+        if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
+            problems.append("--gradient_accumulation_steps must be at least 1")
+        if not 0 <= self.split_dataset_ratio < 1:
+            problems.append(f"--split_dataset_ratio must be in [0, 1), got "
+                            f"{self.split_dataset_ratio}")
+        if self.split_dataset_ratio and self.val_dataset:
+            problems.append("give --val_dataset or --split_dataset_ratio, not both")
+        if not 0 <= self.lora_dropout < 1:
+            problems.append(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.learning_rate <= 0:
+            problems.append(f"--learning_rate must be positive, got {self.learning_rate}")
+        if self.max_steps <= 0 and self.num_train_epochs <= 0:
+            problems.append("set --max_steps or --num_train_epochs to a positive number")
+        if self.resume_from_checkpoint and not os.path.isdir(self.resume_from_checkpoint):
+            problems.append(f"--resume_from_checkpoint {self.resume_from_checkpoint}: no such "
+                            "folder")
+        if problems:
+            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        return self
+
+
+def _check_choices(obj) -> list[str]:
+    out = []
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices")
+        if choices and getattr(obj, f.name) not in choices:
+            out.append(f"--{f.name} {getattr(obj, f.name)}: choose one of {', '.join(choices)}")
+    return out
+
+
+# -- parsing ----------------------------------------------------------------------------------
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+
+def str2bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def base_type(tp) -> tuple[type, bool]:
+    """(scalar type, is_list) of an annotation such as Optional[list[str]]."""
+    if isinstance(tp, str):
+        tp = eval(tp, vars(typing), {"Optional": Optional, "Any": Any})  # noqa: S307
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        # Prefer the richest scalar the field accepts: bool/int/float before str.
+        for pref in (list, bool, float, int):
+            for a in args:
+                if a is pref or typing.get_origin(a) is pref:
+                    return base_type(a)
+        return base_type(args[0]) if args else (str, False)
+    if origin is list:
+        (inner,) = typing.get_args(tp) or (str,)
+        return base_type(inner)[0], True
+    if tp in (bool, int, float, str):
+        return tp, False
+    return str, False  # enums, dicts given as JSON text, ...
+
+
+def convert(value, tp, name: str):
+    """Convert a CLI/YAML value to the field's type; raises UsageError naming the flag."""
+    scalar, is_list = base_type(tp)
+    try:
+        if value is None:
+            return None
+        if is_list:
+            values = value if isinstance(value, list) else [value]
+            return [_scalar(v, scalar) for v in values]
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise ValueError(f"expected one value, got {len(value)}")
+            value = value[0]
+        return _scalar(value, scalar)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"--{name}: {e}") from None
+
+
+def _scalar(v, scalar):
+    if isinstance(v, str) and v.lower() in ("none", "null") and scalar is not str:
+        return None
+    if scalar is bool:
+        return str2bool(v)
+    if scalar is int:
+        if isinstance(v, float) and not v.is_integer():
+            raise ValueError(f"expected a whole number, got {v}")
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError(f"expected a whole number, got {v!r}") from None
+    if scalar is float:
+        try:
+            return float(v)
+        except ValueError:
+            raise ValueError(f"expected a number, got {v!r}") from None
+    return v if isinstance(v, (str, dict)) else str(v) if not isinstance(v, (int, float)) else v
+
+
+def training_arguments_fields() -> dict[str, dataclasses.Field]:
+    from transformers import TrainingArguments
+    return {f.name: f for f in dataclasses.fields(TrainingArguments) if f.init}
+
+
+def load_config_file(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise UsageError(f"config file {path}: no such file.")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        if path.endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+            data = yaml.safe_load(text)
+    except Exception as e:  # yaml.YAMLError / JSONDecodeError: both name a line
+        raise UsageError(f"config file {path}: cannot parse it ({e}).") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path}: expected a mapping of argument names to values.")
+    return data
+
+
+def build(cls, values: dict, *, where: str = "arguments"):
+    """An instance of cls from a name -> value mapping (names may use - or _).
+
+    Unknown names are checked against TrainingArguments when cls has `training_args`.
+    """
+    own = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs, extra, unknown = {}, {}, []
+    ta_fields = None
+    for raw_name, value in values.items():
+        name = raw_name.replace("-", "_")
+        if name in own and name != "training_args":
+            kwargs[name] = convert(value, own[name].type, name)
+        elif name == "training_args" and isinstance(value, dict):
+            extra.update(value)
+        elif "training_args" in own:
+            ta_fields = ta_fields or training_arguments_fields()
+            if name in ta_fields:
+                extra[name] = convert(value, ta_fields[name].type, name)
+            else:
+                unknown.append(name)
+        else:
+            unknown.append(name)
+    if unknown:
+        import difflib
+        known = list(own) + (list(ta_fields or training_arguments_fields())
+                             if "training_args" in own else [])
+        hints = []
+        for u in unknown:
+            close = difflib.get_close_matches(u, known, n=1)
+            hints.append(f"--{u}" + (f" (did you mean --{close[0]}?)" if close else ""))
+        raise UsageError(f"{where}: unknown argument(s) {', '.join(hints)}.")
+    if extra:
+        kwargs["training_args"] = extra
+    return cls(**kwargs)
+
+
+def to_dict(args) -> dict:
+    d = dataclasses.asdict(args)
+    d.update(d.pop("training_args", {}) or {})
+    return d

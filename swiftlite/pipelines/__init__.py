@@ -1,0 +1,1 @@
+"""Pipelines: one module per command (sft, infer, merge-lora, estimate)."""

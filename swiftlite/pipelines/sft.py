@@ -1,0 +1,139 @@
+"""`swiftlite sft`: data -> template -> encode -> model + LoRA -> Trainer -> output folder.
+
+Reads top to bottom; each step is a call into a part. Data is read and validated before any
+model is loaded, so a bad row costs seconds, not a model load.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from .. import hardware
+from ..arguments import SftArguments, build, to_dict
+from ..datasets import load_conversations
+from ..datasets.preprocess import describe, encode_dataset, show_sample, \
+    warn_if_end_of_turn_untrained
+from ..errors import UsageError
+from ..log import info, is_main_process, warn
+from ..models import resolve_model
+from ..models.loader import load_model, load_tokenizer
+from ..models.registry import model_name
+from ..template import get_template
+from ..output import create_run_dir, planned_run_dir
+
+
+@dataclass
+class SftResult:
+    output_dir: str  # the run folder: <output_dir>/v<N>-<timestamp>
+    last_checkpoint: str | None
+    metrics: dict
+
+
+def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
+    """Python API: `swiftlite.sft(model="tiny-qwen2", dataset=["data.jsonl"], max_steps=10)`."""
+    if args is None or isinstance(args, dict):
+        args = build(SftArguments, {**(args or {}), **kwargs}, where="swiftlite.sft")
+    elif kwargs:
+        raise UsageError("swiftlite.sft: pass an SftArguments object or keyword arguments, not both.")
+    args.validate()
+    t_start = time.time()
+    hw = hardware.detect()
+    dtype = hardware.resolve_dtype(args.torch_dtype, hw)
+
+    # 1. Data: read and validate every row before loading anything heavy.
+    train_convs, load_report = load_conversations(
+        args.dataset, seed=args.data_seed, skip_bad_rows=args.skip_bad_rows,
+        model_name=args.model_name, model_author=args.model_author)
+    val_convs = None
+    if args.val_dataset:
+        val_convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
+                                          skip_bad_rows=args.skip_bad_rows,
+                                          model_name=args.model_name,
+                                          model_author=args.model_author)
+    info(f"dataset: {load_report.summary()}")
+
+    # 2. Model folder, tokenizer and template.
+    model_dir, model_info = resolve_model(args.model)
+    tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
+    template_name = args.template or model_info.template
+    template = get_template(template_name, tokenizer, system=args.system)
+    if args.train_type == "lora" and not model_info.is_chat and template_name != "default":
+        warn(f"{args.model} is a base model and the {template_name} template ends turns with "
+             f"{template.end_of_turn!r}, a token it never learned; LoRA trains it only through "
+             "the adapters. Consider --template default, or the -Instruct model.")
+
+    # 3. Encode (cached on disk), split, and show what training will see.
+    train_ds, enc_report = encode_dataset(
+        train_convs, template, max_length=args.max_length,
+        truncation_strategy=args.truncation_strategy, name="train",
+        use_cache=args.load_from_cache_file)
+    if len(train_ds) == 0:
+        raise UsageError("no samples left after encoding: " + describe(
+            enc_report, "train", args.max_length) + "\nRaise --max_length or use "
+            "--truncation_strategy right.")
+    val_ds = None
+    if val_convs:
+        val_ds, _ = encode_dataset(val_convs, template, max_length=args.max_length,
+                                   truncation_strategy=args.truncation_strategy, name="val",
+                                   use_cache=args.load_from_cache_file)
+    elif args.split_dataset_ratio > 0:
+        split = train_ds.train_test_split(test_size=args.split_dataset_ratio, seed=args.data_seed)
+        train_ds, val_ds = split["train"], split["test"]
+    if is_main_process():
+        info(describe(enc_report, "train", args.max_length))
+        info("first sample:\n" + show_sample(train_ds[0], tokenizer))
+        longest = max(range(len(train_ds)), key=lambda i: train_ds[i]["length"]) \
+            if len(train_ds) < 200_000 else None
+        if longest is not None:
+            info(f"longest sample: #{longest}, {train_ds[longest]['length']} tokens")
+    warn_if_end_of_turn_untrained(train_ds, template)
+
+    # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
+    # renders prompts exactly as trained, with or without swiftlite.
+    model = load_model(model_dir, dtype, trust_remote_code=args.trust_remote_code,
+                       attn_impl=args.attn_impl)
+    from ..tuners import prepare_model
+    model = prepare_model(model, args)
+    tokenizer.chat_template = template.to_jinja()
+
+    # 6. The Trainer, then the run folder with every resolved argument. The folder is made
+    # only once everything is set up, so a mistake found earlier leaves no half-made run.
+    from ..trainer import build_trainer, plot_losses
+    run_dir = planned_run_dir(args)
+    trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
+    create_run_dir(run_dir)
+    resolved = {**to_dict(args), "model_dir": model_dir, "template": template.name,
+                "system": template.default_system, "torch_dtype": dtype,
+                "hardware": hw.device, "model_type": "chat" if model_info.is_chat else "base",
+                "command": " ".join(sys.argv) if sys.argv else "",
+                "dataset_report": {**enc_report.to_dict(), "rows": load_report.rows,
+                                   "skipped_rows": dict(load_report.skipped)}}
+    if is_main_process():
+        with open(os.path.join(run_dir, "args.json"), "w") as f:
+            json.dump(resolved, f, indent=2, ensure_ascii=False, default=str)
+        info(f"output folder: {run_dir}")
+
+    # 7. Train.
+    info(f"ready to train after {time.time() - t_start:.1f} s")
+    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    metrics = dict(result.metrics)
+    if val_ds is not None:
+        metrics.update(trainer.evaluate())
+    last = _last_checkpoint(run_dir)
+    if is_main_process():
+        plot_losses(run_dir)
+        with open(os.path.join(run_dir, "metrics.json"), "w") as f:
+            json.dump(metrics, f, indent=2)
+        info(f"done: {run_dir}" + (f"; last checkpoint {last}" if last else ""))
+    return SftResult(run_dir, last, metrics)
+
+
+def _last_checkpoint(run_dir: str) -> str | None:
+    ckpts = [d for d in os.listdir(run_dir) if d.startswith("checkpoint-") and
+             d.split("-")[-1].isdigit()]
+    if not ckpts:
+        return None
+    return os.path.join(run_dir, max(ckpts, key=lambda d: int(d.split("-")[-1])))

@@ -1,0 +1,163 @@
+"""The Hugging Face Trainer, configured for SFT, plus the callbacks swiftlite adds:
+logging.jsonl (loss, lr, grad_norm, tokens/s, memory), loss plots, and args.json in
+every checkpoint so a checkpoint folder is self-describing."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+
+from transformers import TrainerCallback
+
+from .errors import RunError
+from .log import is_main_process
+
+
+def collator(tokenizer, padding_free: bool):
+    """Padding-free: a batch is one row of concatenated samples whose position_ids restart at 0
+    for each sample; transformers then keeps attention inside each sample (SDPA or flash).
+    Otherwise: right-padded to the longest sample, labels padded with -100."""
+    if padding_free:
+        from transformers import DataCollatorWithFlattening
+        return DataCollatorWithFlattening(return_position_ids=True, separator_id=-100)
+    from transformers import DataCollatorForSeq2Seq
+    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100,
+                                  pad_to_multiple_of=None)
+
+
+def peak_memory_mb() -> dict:
+    import resource
+
+    import torch
+    out = {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+    if torch.cuda.is_available():
+        out["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
+    return out
+
+
+class JsonlLogger(TrainerCallback):
+    """One JSON object per logging step in logging.jsonl, with throughput and memory."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._t = self._tokens = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._t, self._tokens = time.time(), state.num_input_tokens_seen
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not is_main_process() or not logs:
+            return
+        row = {"step": state.global_step, "max_steps": state.max_steps, **logs}
+        now, tokens = time.time(), state.num_input_tokens_seen
+        if "loss" in logs and self._t is not None and tokens:
+            row["tokens_per_s"] = round((tokens - self._tokens) / max(now - self._t, 1e-9), 1)
+            self._t, self._tokens = now, tokens
+        row.update(peak_memory_mb())
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+class NonFiniteLossGuard(TrainerCallback):
+    """Stops on NaN/inf loss instead of training on garbage."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(loss):
+            hint = ("fp16 overflows easily: use --torch_dtype bfloat16 (Ampere+ GPU) or float32"
+                    if args.fp16 else "lower --learning_rate (e.g. by 10x) or check the data")
+            raise RunError(f"the loss became {loss} at step {state.global_step}. Try: {hint}.")
+
+
+class CheckpointArgs(TrainerCallback):
+    """Copies args.json into each checkpoint, so `infer`/`merge-lora` need only its path."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def on_save(self, args, state, control, **kwargs):
+        if not is_main_process():
+            return
+        ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        src = os.path.join(self.run_dir, "args.json")
+        if os.path.isdir(ckpt) and os.path.exists(src):
+            shutil.copy(src, os.path.join(ckpt, "args.json"))
+
+
+def plot_losses(run_dir: str) -> list[str]:
+    """images/train_loss.png (and eval_loss.png) from logging.jsonl."""
+    path = os.path.join(run_dir, "logging.jsonl")
+    if not os.path.exists(path):
+        return []
+    rows = [json.loads(line) for line in open(path)]
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    out = []
+    for key, name in (("loss", "train_loss"), ("eval_loss", "eval_loss")):
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        if not pts:
+            continue
+        os.makedirs(os.path.join(run_dir, "images"), exist_ok=True)
+        fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, linewidth=1.2, label=key)
+        if len(pts) >= 10:  # a smoothed line makes the trend readable on noisy steps
+            k = max(2, len(pts) // 10)
+            sm = [sum(ys[max(0, i - k + 1):i + 1]) / len(ys[max(0, i - k + 1):i + 1])
+                  for i in range(len(ys))]
+            ax.plot(xs, sm, linewidth=2, label=f"{key} (moving mean of {k})")
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.set_title(f"{name} - {os.path.basename(run_dir)}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        target = os.path.join(run_dir, "images", f"{name}.png")
+        fig.savefig(target)
+        plt.close(fig)
+        out.append(target)
+    return out
+
+
+def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype: str, hw):
+    """A transformers Trainer for these arguments and datasets."""
+    from transformers import Trainer, TrainingArguments
+
+    from .distributed import world_size
+    world = world_size()
+    accum = args.gradient_accumulation_steps or max(
+        1, 16 // (args.per_device_train_batch_size * world))
+    extra = dict(args.training_args)
+    extra.setdefault("report_to", ["tensorboard"])
+    # transformers 5 reads the TensorBoard folder from the environment only.
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(run_dir, "runs"))
+    extra.setdefault("include_num_input_tokens_seen",
+                     "all" if args.padding_free else "non_padding")
+    has_eval = val_ds is not None
+    extra.setdefault("eval_strategy", "steps" if has_eval else "no")
+    ta = TrainingArguments(
+        output_dir=run_dir,
+        num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
+        per_device_train_batch_size=args.per_device_train_batch_size,
+        per_device_eval_batch_size=args.per_device_eval_batch_size,
+        gradient_accumulation_steps=accum, learning_rate=args.learning_rate,
+        lr_scheduler_type=args.lr_scheduler_type,
+        # transformers 5 takes a warmup ratio as a float warmup_steps in [0, 1)
+        warmup_steps=extra.pop("warmup_steps", args.warmup_ratio),
+        weight_decay=args.weight_decay, max_grad_norm=args.max_grad_norm,
+        logging_steps=args.logging_steps, save_steps=args.save_steps,
+        eval_steps=args.eval_steps or args.save_steps, save_total_limit=args.save_total_limit,
+        seed=args.seed, bf16=dtype == "bfloat16" and hw.device != "cpu",
+        fp16=dtype == "float16", gradient_checkpointing=False,  # enabled in tuners.prepare_model
+        remove_unused_columns=False, deepspeed=args.deepspeed,
+        use_cpu=hw.device == "cpu", **extra)
+    trainer = Trainer(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
+                      eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
+                      data_collator=collator(tokenizer, args.padding_free),
+                      processing_class=tokenizer,
+                      callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
+                                 NonFiniteLossGuard(), CheckpointArgs(run_dir)])
+    return trainer

@@ -1,0 +1,39 @@
+"""LoRA through peft (or full fine-tuning), ready for gradient checkpointing."""
+from __future__ import annotations
+
+from .log import info
+
+
+def prepare_model(model, args):
+    """Wrap `model` for training per args.train_type; returns the model to train."""
+    if args.gradient_checkpointing:
+        # Non-reentrant checkpointing gives gradients to LoRA weights without needing the
+        # inputs to require grad, and recomputes each layer's forward exactly once.
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.config.use_cache = False
+    if args.train_type == "full":
+        info(f"full fine-tuning: {_count(model)} trainable parameters")
+        return model
+    from peft import LoraConfig, get_peft_model
+    targets = args.target_modules
+    target = "all-linear" if targets in (["all-linear"], "all-linear") else targets
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
+                        lora_dropout=args.lora_dropout, target_modules=target,
+                        task_type="CAUSAL_LM")
+    try:
+        model = get_peft_model(model, config)
+    except ValueError as e:
+        from .errors import UsageError
+        raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
+    trainable, total = _count(model), _count(model, trainable_only=False)
+    info(f"LoRA r={args.lora_rank} alpha={args.lora_alpha} on {target}: {trainable:,} trainable "
+         f"of {total:,} parameters ({100 * trainable / total:.3f}%)")
+    return model
+
+
+def _count(model, trainable_only: bool = True) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

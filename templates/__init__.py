@@ -1,0 +1,1 @@
+"""Chat templates as data files (one JSON file per template family)."""
