@@ -137,6 +137,8 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
     extra.setdefault("include_num_input_tokens_seen",
                      "all" if args.padding_free else "non_padding")
     has_eval = val_ds is not None
+    from .deepspeed import training_kwargs
+    extra.update(training_kwargs(args, hw))
     extra.setdefault("eval_strategy", "steps" if has_eval else "no")
     ta = TrainingArguments(
         output_dir=run_dir,
@@ -152,7 +154,7 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         eval_steps=args.eval_steps or args.save_steps, save_total_limit=args.save_total_limit,
         seed=args.seed, bf16=dtype == "bfloat16" and hw.device != "cpu",
         fp16=dtype == "float16", gradient_checkpointing=False,  # enabled in tuners.prepare_model
-        remove_unused_columns=False, deepspeed=args.deepspeed,
+        remove_unused_columns=False,
         use_cpu=hw.device == "cpu", **extra)
     trainer = Trainer(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
                       eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
