@@ -69,10 +69,10 @@ def build_parser(cls, prog: str, description: str, epilog: str = "") -> argparse
 def parse_argv(cls, argv: list[str], prog: str, description: str, epilog: str = ""):
     """Config file (optional, first) + flags -> validated-ready dataclass instance."""
     from .arguments import build, load_config_file
-    values, where = {}, prog
+    values, where = {}, "command line"
     if argv and not argv[0].startswith("-") and argv[0].endswith(CONFIG_EXTS):
         values = load_config_file(argv[0])
-        where = f"{prog} {argv[0]}"
+        where = f"command line or config file {argv[0]}"
         argv = argv[1:]
     parser = build_parser(cls, prog, description, epilog)
     ns, rest = parser.parse_known_args(argv)

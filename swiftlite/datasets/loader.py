@@ -21,6 +21,8 @@ from .formats import BadRow, detect_format, to_messages
 
 BUILTIN = {"self-cognition": "self_cognition.jsonl"}
 MAX_ERRORS_SHOWN = 5
+_KEYS = {"messages": {"messages"}, "sharegpt": {"conversations"},
+         "alpaca": {"instruction", "output"}, "query-response": {"query", "response"}}
 
 
 @dataclass
@@ -132,9 +134,9 @@ def load_conversations(specs: list[str], *, seed: int = 42, skip_bad_rows: bool 
                and not os.path.exists(path) else read_rows(path))
         fmt = next((detect_format(r) for _, r in raw if not isinstance(r, BadRow)
                     and detect_format(r)), None)
-        if fmt is None and raw:
-            first = next((r for _, r in raw if isinstance(r, dict)), None)
-            keys = sorted(first) if first else []
+        first = next((r for _, r in raw if not isinstance(r, BadRow)), None)
+        if fmt is None and first is not None and not skip_bad_rows:
+            keys = sorted(first) if isinstance(first, dict) else type(first).__name__
             raise UsageError(f"{raw[0][0]}: unknown dataset format (columns {keys}). Expected "
                              "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + "
                              "'output' (Alpaca) or 'query' + 'response'.")
@@ -145,6 +147,11 @@ def load_conversations(specs: list[str], *, seed: int = 42, skip_bad_rows: bool 
                 if isinstance(row, BadRow):
                     raise row
                 own = detect_format(row)
+                if fmt is None:
+                    raise BadRow("unknown format", "unknown format")
+                if own is None and isinstance(row, dict) and not set(row) & _KEYS[fmt]:
+                    raise BadRow(f"unknown format: columns {sorted(row)}, but the file's rows "
+                                 f"are {fmt} ({' + '.join(sorted(_KEYS[fmt]))})", "unknown format")
                 if own is not None and own != fmt:
                     raise BadRow(f"row is in the {own} format, the file's first rows are {fmt}",
                                  "mixed formats")

@@ -1,0 +1,144 @@
+"""Dataset formats, validation of bad rows, sampling, built-ins, encoding and its cache."""
+import csv
+import json
+
+import pytest
+
+from swiftlite.datasets import load_conversations, parse_spec
+from swiftlite.datasets.preprocess import encode_dataset
+from swiftlite.errors import UsageError
+from swiftlite.template import get_template
+
+from conftest import write_jsonl
+
+EXPECTED = [{"role": "system", "content": "Be nice."},
+            {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]
+
+ROWS = {
+    "messages": {"messages": EXPECTED},
+    "sharegpt": {"system": "Be nice.", "conversations": [
+        {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"},
+        {"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]},
+    "alpaca": {"system": "Be nice.", "history": [["Hi", "Hello"]], "instruction": "Q",
+               "input": "", "output": "A"},
+    "query-response": {"system": "Be nice.", "history": [["Hi", "Hello"]], "query": "Q",
+                       "response": "A"},
+}
+
+
+@pytest.mark.parametrize("fmt", list(ROWS))
+def test_every_format_normalises_to_messages(tmp_path, fmt):
+    path = write_jsonl(tmp_path / "d.jsonl", [ROWS[fmt]])
+    convs, report = load_conversations([path])
+    assert convs == [EXPECTED]
+    assert report.kept == 1 and not report.skipped
+
+
+def test_alpaca_input_joins_instruction(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Translate", "input": "hola",
+                                               "output": "hello"}])
+    assert load_conversations([path])[0][0][0] == {"role": "user", "content": "Translate\nhola"}
+
+
+def test_json_csv_parquet(tmp_path):
+    rows = [{"query": f"q{i}", "response": f"r{i}"} for i in range(3)]
+    (tmp_path / "d.json").write_text(json.dumps(rows))
+    with open(tmp_path / "d.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["query", "response"])
+        w.writeheader()
+        w.writerows(rows)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
+    for ext in ("json", "csv", "parquet"):
+        convs, _ = load_conversations([str(tmp_path / f"d.{ext}")])
+        assert [c[-1]["content"] for c in convs] == ["r0", "r1", "r2"], ext
+
+
+BAD = [
+    ('{"messages": [{"role": "user", "content": "a"}', "invalid JSON"),
+    ({"messages": [{"role": "assistant", "content": "b"}, {"role": "user", "content": "a"}]},
+     "wrong role order"),
+    ({"messages": [{"role": "user"}, {"role": "assistant", "content": "b"}]}, "has no content"),
+    ({"messages": [{"role": "user", "content": ["x"]}, {"role": "assistant", "content": "b"}]},
+     "must be a string, got list"),
+    ({"text": "plain"}, "unknown format"),
+    ({"messages": [{"role": "user", "content": "a"}]}, "does not end with an assistant reply"),
+    ({"messages": [{"role": "robot", "content": "a"}, {"role": "assistant", "content": "b"}]},
+     "unknown role"),
+]
+
+
+@pytest.mark.parametrize("bad,reason", BAD)
+def test_bad_row_names_file_line_and_reason(tmp_path, bad, reason):
+    good = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    path = write_jsonl(tmp_path / "d.jsonl", [good, good, bad])
+    with pytest.raises(UsageError) as e:
+        load_conversations([path])
+    assert f"{path}:3:" in str(e.value) and reason in str(e.value)
+    assert "--skip_bad_rows" in str(e.value)
+
+
+def test_skip_bad_rows_counts_each_reason(tmp_path):
+    good = {"query": "a", "response": "b"}
+    path = write_jsonl(tmp_path / "d.jsonl", [good, "{oops", {"query": "a"}, {"query": "a"}, good])
+    convs, report = load_conversations([path], skip_bad_rows=True)
+    assert len(convs) == 2
+    assert report.rows == 5 and report.kept == 2
+    assert report.skipped == {"invalid JSON": 1, "missing content": 2}
+
+
+def test_empty_dataset_is_an_error(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", ["{oops"])
+    with pytest.raises(UsageError, match="no usable rows"):
+        load_conversations([path], skip_bad_rows=True)
+
+
+def test_missing_file_and_bad_extension(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        load_conversations([str(tmp_path / "nope.jsonl")])
+    (tmp_path / "d.txt").write_text("x")
+    with pytest.raises(UsageError, match="unsupported file type .txt"):
+        load_conversations([str(tmp_path / "d.txt")])
+
+
+def test_sampling_syntax_is_seeded_and_repeats(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"query": f"q{i}", "response": "r"} for i in range(10)])
+    assert parse_spec(f"{path}#4") == (path, 4)
+    a, _ = load_conversations([f"{path}#4"], seed=1)
+    b, _ = load_conversations([f"{path}#4"], seed=1)
+    c, _ = load_conversations([f"{path}#4"], seed=2)
+    assert a == b and len(a) == 4 and a != c
+    big, _ = load_conversations([f"{path}#25"])
+    assert len(big) == 25
+    with pytest.raises(UsageError, match="positive number"):
+        parse_spec(f"{path}#x")
+
+
+def test_self_cognition_fills_name_and_author():
+    convs, _ = load_conversations(["self-cognition#200"], model_name=["Swifty", "小燕"],
+                                  model_author=["Acme", "阿克米"])
+    text = json.dumps(convs, ensure_ascii=False)
+    assert "{{" not in text and "Swifty" in text and "Acme" in text and "小燕" in text
+    assert len(convs) == 200
+
+
+def test_encoding_truncation_counts_and_cache(tmp_path, tiny_qwen2, monkeypatch):
+    monkeypatch.setenv("SWIFTLITE_CACHE", str(tmp_path / "cache"))
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_qwen2)
+    convs = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "word " * n}]
+             for n in (1, 5, 80)]
+    t = get_template("qwen", tok)
+    ds, rep = encode_dataset(convs, t, max_length=40, truncation_strategy="delete")
+    assert len(ds) == 2 and sum(rep.dropped.values()) == 1 and rep.truncated == 0
+    ds, rep = encode_dataset(convs, t, max_length=40, truncation_strategy="right")
+    assert len(ds) == 3 and rep.truncated == 1 and max(ds["length"]) == 40
+    ds2, rep2 = encode_dataset(convs, t, max_length=40, truncation_strategy="right")
+    assert rep2.from_cache and rep2.cache_path == rep.cache_path
+    assert ds2["input_ids"] == ds["input_ids"]
+    # A different system prompt (template) must not reuse the cached tokens.
+    _, rep3 = encode_dataset(convs, get_template("qwen", tok, system="Other."), max_length=40,
+                             truncation_strategy="right")
+    assert not rep3.from_cache and rep3.cache_path != rep.cache_path

@@ -1,0 +1,100 @@
+"""Templates: exact token parity with the models' own chat templates, and label masks."""
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from swiftlite.errors import UsageError
+from swiftlite.template import IGNORE_INDEX, get_template, template_names
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi, how can I help?"}],
+    [{"role": "system", "content": "You are terse."},
+     {"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."},
+     {"role": "user", "content": "And Italy?"}, {"role": "assistant", "content": "Rome."}],
+    [{"role": "user", "content": "用中文说你好"}, {"role": "assistant", "content": "你好！很高兴见到你。"},
+     {"role": "user", "content": "emoji please 🎉🙂"}, {"role": "assistant", "content": "🎉🙂👍"}],
+    [{"role": "system", "content": ""}, {"role": "user", "content": ""},
+     {"role": "assistant", "content": ""}],
+    [{"role": "user", "content": "code:\n```py\nprint('x')\n```\n"},
+     {"role": "assistant", "content": "  leading spaces and trailing newline\n"}],
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tiny_qwen2, smollm2):
+    return {"qwen": AutoTokenizer.from_pretrained(tiny_qwen2),
+            "smollm": AutoTokenizer.from_pretrained(smollm2)}
+
+
+@pytest.mark.parametrize("name", ["qwen", "smollm"])
+@pytest.mark.parametrize("conv", range(len(CONVERSATIONS)))
+def test_encode_matches_apply_chat_template(tokenizers, name, conv):
+    tok = tokenizers[name]
+    messages = CONVERSATIONS[conv]
+    ids = get_template(name, tok).encode(messages)["input_ids"]
+    assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+
+
+@pytest.mark.parametrize("name", ["qwen", "smollm"])
+def test_labels_cover_every_reply_and_its_end_of_turn(tokenizers, name):
+    tok = tokenizers[name]
+    enc = get_template(name, tok).encode(CONVERSATIONS[1])
+    trained = [i for i, l in zip(enc["input_ids"], enc["labels"]) if l != IGNORE_INDEX]
+    assert tok.decode(trained) == "Paris.<|im_end|>Rome.<|im_end|>"
+    for i, l in zip(enc["input_ids"], enc["labels"]):
+        assert l in (IGNORE_INDEX, i)
+    # The prompt parts (system, user, assistant headers) are never trained.
+    assert enc["labels"][0] == IGNORE_INDEX
+
+
+def test_empty_reply_still_trains_end_of_turn(tokenizers):
+    enc = get_template("qwen", tokenizers["qwen"]).encode(CONVERSATIONS[3])
+    trained = [i for i, l in zip(enc["input_ids"], enc["labels"]) if l != IGNORE_INDEX]
+    assert tokenizers["qwen"].decode(trained) == "<|im_end|>"
+
+
+@pytest.mark.parametrize("name", ["qwen", "smollm", "chatml", "llama3", "default"])
+def test_jinja_export_renders_the_same_string(tokenizers, name):
+    tok = tokenizers["qwen"]
+    template = get_template(name, tok, system="Custom system." if name == "chatml" else None)
+    tok2 = AutoTokenizer.from_pretrained(tok.name_or_path)
+    tok2.chat_template = template.to_jinja()
+    for messages in CONVERSATIONS:
+        assert tok2.apply_chat_template(messages, tokenize=False) == template.render(messages)[0]
+        prompt = messages[:-1]
+        assert tok2.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) == \
+            template.render(prompt, add_generation_prompt=True)[0]
+
+
+def test_system_override_and_conversation_system_wins(tokenizers):
+    t = get_template("qwen", tokenizers["qwen"], system="You are Swifty.")
+    assert "You are Swifty." in t.render(CONVERSATIONS[0])[0]
+    assert "You are terse." in t.render(CONVERSATIONS[1])[0]
+    assert "You are Swifty." not in t.render(CONVERSATIONS[1])[0]
+
+
+def test_default_template_ends_replies_with_eos(tokenizers):
+    tok = tokenizers["smollm"]
+    enc = get_template("default", tok).encode(CONVERSATIONS[0])
+    trained = [i for i, l in zip(enc["input_ids"], enc["labels"]) if l != IGNORE_INDEX]
+    assert trained[-1] == tok.eos_token_id
+    assert tok.decode(trained).startswith("Hi, how can I help?")
+
+
+def test_template_from_a_file_and_errors(tmp_path, tokenizers):
+    spec = {"system": "S: {content}\n", "user": "U: {content}\n", "assistant_header": "A: ",
+            "assistant": "{content}{eos_token}", "assistant_suffix": "\n"}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(spec))
+    t = get_template(str(path), tokenizers["qwen"])
+    assert t.render(CONVERSATIONS[0])[0] == "U: Hello!\nA: Hi, how can I help?<|im_end|>\n"
+    with pytest.raises(UsageError, match="--template nope: unknown template.*qwen"):
+        get_template("nope", tokenizers["qwen"])
+    path.write_text(json.dumps({**spec, "bogus": 1}))
+    with pytest.raises(UsageError, match="unknown keys"):
+        get_template(str(path), tokenizers["qwen"])
+
+
+def test_shipped_templates():
+    assert {"qwen", "chatml", "smollm", "llama3", "default"} <= set(template_names())
