@@ -1,0 +1,188 @@
+"""The Web-UI's Train form: form values -> SftArguments -> `swiftlite sft` argv -> the CLI's own
+parser gives back the same arguments; errors are caught before anything starts; run states
+come from disk."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from swiftlite.arguments import SftArguments
+from swiftlite.cli import parse_argv
+from swiftlite.errors import UsageError
+from webui import form
+from webui.runs import RunManager, describe, find_runs, status, write_state
+
+from conftest import CHAT_ROWS, write_jsonl
+
+
+def _form(**overrides) -> dict:
+    """What the page sends: every field's widget showing its default, then the user's edits."""
+    raw = {f.name: form.widget_value(f, form.default(f)) for f in form.fields()}
+    raw.update(overrides)
+    return raw
+
+
+def _round_trip(args: SftArguments) -> SftArguments:
+    return parse_argv(SftArguments, form.command_argv(args), "swiftlite sft", "")
+
+
+def test_form_is_generated_from_the_dataclass():
+    names = {f.name for f in dataclasses.fields(SftArguments)}
+    assert set(form.FIELDS) == names - {"training_args", "add_version"}
+    lr = form.FIELDS["learning_rate"]
+    assert form.info(lr).startswith(lr.metadata["help"]) and "default: 0.0001" in form.info(lr)
+    assert form.kind(form.FIELDS["truncation_strategy"]) == "choice"
+    assert form.kind(form.FIELDS["dataset"]) == "list"
+    assert form.kind(form.FIELDS["gradient_checkpointing"]) == "bool"
+
+
+def test_untouched_form_is_the_cli_default(tmp_path, chat_jsonl):
+    args = form.to_args(_form(model="tiny-qwen2", dataset=chat_jsonl),
+                        output_root=str(tmp_path))
+    cli = parse_argv(SftArguments, ["--model", "tiny-qwen2", "--dataset", chat_jsonl,
+                                    "--output_dir", str(tmp_path / "tiny-qwen2")], "sft", "")
+    assert args == cli
+    assert form.command_argv(args) == ["--model", "tiny-qwen2", "--dataset", chat_jsonl,
+                                       "--output_dir", str(tmp_path / "tiny-qwen2")]
+
+
+def test_round_trip_with_every_kind_of_field(tmp_path, chat_jsonl):
+    other = write_jsonl(tmp_path / "my data.jsonl", CHAT_ROWS)
+    raw = _form(model="tiny-qwen2", template="qwen", system="You are terse.",
+                dataset=f"self-cognition#32 {shlex.quote(other)}", model_name="Swifty 斯威夫特",
+                model_author="Lab", lora_rank="4", lora_alpha="16", lora_dropout="0",
+                target_modules="q_proj v_proj", max_steps="7", num_train_epochs="1",
+                per_device_train_batch_size="4", gradient_accumulation_steps="2",
+                learning_rate="3e-4", max_length="512", truncation_strategy="right",
+                gradient_checkpointing=False, skip_bad_rows=True, save_total_limit="2",
+                output_dir=str(tmp_path / "runs"))
+    args = form.to_args(raw, "--report_to none --eval_strategy=no --dataloader_num_workers 0",
+                        output_root=str(tmp_path))
+    assert args.dataset == ["self-cognition#32", other]
+    assert args.model_name == ["Swifty", "斯威夫特"]
+    assert args.learning_rate == 3e-4 and args.gradient_checkpointing is False
+    assert args.training_args == {"report_to": "none", "eval_strategy": "no",
+                                  "dataloader_num_workers": 0}
+    assert _round_trip(args) == args
+    # The preview is a shell command whose words are exactly that argv.
+    words = shlex.split(form.preview(args).replace("\\\n", " "))
+    assert words[:2] == ["swiftlite", "sft"] and words[2:] == form.command_argv(args)
+    assert form.preview(args, nproc=2).startswith("NPROC_PER_NODE=2 swiftlite sft")
+
+
+def test_preview_command_is_what_the_cli_runs(tmp_path, chat_jsonl):
+    """The command the preview shows, run by a real shell: the CLI accepts every flag
+    (--help after the flags: argparse parses them all, then prints help and exits 0)."""
+    args = form.to_args(_form(model="tiny-qwen2", dataset=chat_jsonl, max_steps="3",
+                              target_modules="q_proj k_proj", gradient_checkpointing=False),
+                        "--report_to none", output_root=str(tmp_path))
+    cmd = form.preview(args).replace("swiftlite sft", f"{shlex.quote(sys.executable)} -m "
+                                     "swiftlite.cli sft", 1) + " --help"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("edits, extra, expected", [
+    ({"dataset": ""}, "", "--dataset is required"),
+    ({"model": "no-such-model"}, "", "--model no-such-model: no such folder"),
+    ({"model": "/nowhere/model"}, "", "no such folder"),
+    ({"learning_rate": "fast"}, "", "--learning_rate: expected a number, got 'fast'"),
+    ({"lora_rank": "2.5"}, "", "--lora_rank: expected a whole number"),
+    ({"lora_rank": "0"}, "", "--lora_rank must be a positive number"),
+    ({"dataset": "missing.jsonl"}, "", "--dataset missing.jsonl: no such file"),
+    ({"dataset": "self-cognition#x"}, "", "a positive number of rows"),
+    ({"output_dir": "/tmp/elsewhere"}, "", "must be inside the Web-UI's output root"),
+    ({}, "--learning_rat 1", "did you mean --learning_rate"),
+    ({}, "stray", "write --name value pairs"),
+    ({}, "--max_steps 3", "already a field of the form"),
+])
+def test_form_errors_name_the_field(tmp_path, chat_jsonl, edits, extra, expected):
+    raw = _form(**{"model": "tiny-qwen2", "dataset": chat_jsonl, **edits})
+    with pytest.raises(UsageError) as e:
+        form.to_args(raw, extra, output_root=str(tmp_path))
+    assert expected in str(e.value)
+
+
+def test_several_problems_reported_together(tmp_path):
+    with pytest.raises(UsageError) as e:
+        form.to_args(_form(model="", dataset="", lora_rank="-1"), output_root=str(tmp_path))
+    msg = str(e.value)
+    assert "--model is required" in msg and "--dataset is required" in msg and "--lora_rank" in msg
+
+
+def test_model_folder_must_be_a_model(tmp_path, chat_jsonl, tiny_qwen2):
+    assert form.to_args(_form(model=tiny_qwen2, dataset=chat_jsonl),
+                        output_root=str(tmp_path)).model == tiny_qwen2
+    with pytest.raises(UsageError, match="has no config.json"):
+        form.to_args(_form(model=str(tmp_path), dataset=chat_jsonl), output_root=str(tmp_path))
+
+
+def test_run_states_live_on_disk(tmp_path):
+    """States survive the Web-UI process: they are read back from the run folder alone."""
+    root = tmp_path / "out"
+    cli_run = root / "m" / "v0-20260101-000000"
+    cli_run.mkdir(parents=True)
+    (cli_run / "args.json").write_text("{}")
+    assert status(str(cli_run)) == "incomplete"
+    (cli_run / "metrics.json").write_text("{}")
+    assert status(str(cli_run)) == "finished"
+    gone = root / "m" / "v1-20260101-000001"
+    gone.mkdir()
+    # A run whose process vanished without a recorded end (e.g. the Web-UI was restarted).
+    write_state(str(gone), status="running", pid=os.getpid(), create_time=0.0, started=0)
+    assert status(str(gone)) == "failed"
+    write_state(str(gone), stop_requested=True)
+    assert status(str(gone)) == "stopped"
+    assert set(find_runs(str(root))) == {str(cli_run), str(gone)}
+
+
+def test_second_start_is_refused_while_one_runs(tmp_path):
+    """A live process recorded as a running run (in its own process group, as Start makes
+    them): a second Start is refused and creates nothing; Stop ends the group."""
+    root = tmp_path / "out"
+    manager = RunManager(str(root))
+    busy = root / "m" / "v0-20260101-000000"
+    busy.mkdir(parents=True)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                               start_new_session=True)
+    try:
+        import psutil
+        write_state(str(busy), status="running", pid=sleeper.pid, pgid=sleeper.pid,
+                    create_time=psutil.Process(sleeper.pid).create_time(), started=time.time())
+        assert status(str(busy)) == "running"
+        with pytest.raises(UsageError, match="already in progress"):
+            manager.start(["--model", "tiny-qwen2"], str(root / "m"))
+        assert find_runs(str(root)) == [str(busy)]  # nothing half-made
+        manager.stop(str(busy))
+        deadline = time.time() + 20
+        while time.time() < deadline and status(str(busy)) != "stopped":
+            time.sleep(0.2)
+        assert status(str(busy)) == "stopped"
+        assert sleeper.wait(timeout=5) != 0
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+
+
+def test_failed_run_is_marked_failed_with_its_log(tmp_path):
+    """A run that the CLI rejects (exit 2: a malformed row) is 'failed', and its log says why."""
+    root = tmp_path / "out"
+    bad = write_jsonl(tmp_path / "bad.jsonl", [CHAT_ROWS[0], "{not json"])
+    manager = RunManager(str(root))
+    run = manager.start(["--model", "tiny-qwen2", "--dataset", bad, "--report_to", "none"],
+                        str(root / "m"))
+    deadline = time.time() + 120
+    while time.time() < deadline and status(run) in ("running", "stopping"):
+        time.sleep(0.5)
+    info = describe(run)
+    assert info.status == "failed"
+    state = json.loads(open(os.path.join(run, "webui.json")).read())
+    assert state["returncode"] == 2
+    assert f"{bad}:2" in open(os.path.join(run, "webui.log")).read()
