@@ -61,14 +61,22 @@ class JsonlLogger(TrainerCallback):
 
 
 class NonFiniteLossGuard(TrainerCallback):
-    """Stops on NaN/inf loss instead of training on garbage."""
+    """Stops on NaN/inf loss or gradient norm instead of training on garbage. build_trainer
+    turns off the Trainer's logging_nan_inf_filter, which would otherwise log a NaN loss as
+    the mean of earlier ones (0.0 at first); the gradient norm is checked as well because it
+    turns NaN at the same step."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(loss):
-            hint = ("fp16 overflows easily: use --torch_dtype bfloat16 (Ampere+ GPU) or float32"
-                    if args.fp16 else "lower --learning_rate (e.g. by 10x) or check the data")
-            raise RunError(f"the loss became {loss} at step {state.global_step}. Try: {hint}.")
+        for key in ("loss", "grad_norm"):
+            value = (logs or {}).get(key)
+            if value is not None and not math.isfinite(value):
+                hint = ("fp16 overflows easily: use --torch_dtype bfloat16 (Ampere+ GPU) or "
+                        "float32, or lower --learning_rate" if args.fp16 else
+                        "lower --learning_rate (e.g. by 10x), keep --max_grad_norm on, or check "
+                        "the data")
+                what = "loss" if key == "loss" else "gradient norm"
+                raise RunError(f"the {what} became {value} at step {state.global_step}; "
+                               f"stopped instead of training on garbage. Try: {hint}.")
 
 
 class CheckpointArgs(TrainerCallback):
@@ -140,6 +148,7 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
     from .deepspeed import training_kwargs
     extra.update(training_kwargs(args, hw))
     extra.setdefault("eval_strategy", "steps" if has_eval else "no")
+    extra.setdefault("logging_nan_inf_filter", False)  # NonFiniteLossGuard must see a NaN
     ta = TrainingArguments(
         output_dir=run_dir,
         num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,

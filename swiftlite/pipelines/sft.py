@@ -93,9 +93,12 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
 
     # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
     # renders prompts exactly as trained, with or without swiftlite.
-    model = load_model(model_dir, dtype, trust_remote_code=args.trust_remote_code,
-                       attn_impl=args.attn_impl)
+    model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
+                       trust_remote_code=args.trust_remote_code,
+                       attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype))
     from ..tuners import prepare_model
+    from transformers import set_seed
+    set_seed(args.seed)  # same LoRA init in every run and on every rank (loss parity, resume)
     model = prepare_model(model, args)
     tokenizer.chat_template = template.to_jinja()
 
@@ -108,7 +111,7 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     resolved = {**to_dict(args), "model_dir": model_dir, "template": template.name,
                 "system": template.default_system, "torch_dtype": dtype,
                 "hardware": hw.device, "model_type": "chat" if model_info.is_chat else "base",
-                "command": " ".join(sys.argv) if sys.argv else "",
+                "command": os.environ.get("SWIFTLITE_COMMAND") or " ".join(sys.argv),
                 "dataset_report": {**enc_report.to_dict(), "rows": load_report.rows,
                                    "skipped_rows": dict(load_report.skipped)}}
     if is_main_process():
@@ -118,7 +121,9 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
 
     # 7. Train.
     info(f"ready to train after {time.time() - t_start:.1f} s")
-    result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    from ..oom import oom_guard
+    with oom_guard(args, hw):  # an OOM is answered with the next step of the tuning ladder
+        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     metrics = dict(result.metrics)
     if val_ds is not None:
         metrics.update(trainer.evaluate())
