@@ -205,6 +205,8 @@ def base_type(tp) -> tuple[type, bool]:
 def convert(value, tp, name: str):
     """Convert a CLI/YAML value to the field's type; raises UsageError naming the flag."""
     scalar, is_list = base_type(tp)
+    if is_list and _also_scalar(tp) and not (isinstance(value, list) and len(value) > 1):
+        is_list = False  # e.g. report_to: "none" stays a string, two values become a list
     try:
         if value is None:
             return None
@@ -218,6 +220,13 @@ def convert(value, tp, name: str):
         return _scalar(value, scalar)
     except (ValueError, TypeError) as e:
         raise UsageError(f"--{name}: {e}") from None
+
+
+def _also_scalar(tp) -> bool:
+    if isinstance(tp, str):
+        tp = eval(tp, vars(typing), {"Optional": Optional, "Any": Any})  # noqa: S307
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
+    return any(a in (str, int, float, bool) for a in args)
 
 
 def _scalar(v, scalar):
@@ -303,3 +312,123 @@ def to_dict(args) -> dict:
     d = dataclasses.asdict(args)
     d.update(d.pop("training_args", {}) or {})
     return d
+
+
+# -- infer and merge-lora (issue 3) --------------------------------------------------------------
+@dataclass
+class GenerationArguments:
+    max_new_tokens: int = arg(512, "longest answer in tokens", group="generation")
+    temperature: float = arg(0.0, "sampling temperature; 0: greedy (deterministic)",
+                             group="generation")
+    top_p: float = arg(1.0, "nucleus sampling: keep the smallest set of tokens whose "
+                       "probability reaches top_p", group="generation")
+    top_k: int = arg(50, "sample only among the k likeliest tokens (0: all)", group="generation")
+    repetition_penalty: float = arg(1.0, "above 1 discourages repeating tokens",
+                                    group="generation")
+    do_sample: Optional[bool] = arg(None, "sample instead of greedy decoding; default: sample "
+                                    "when --temperature > 0", group="generation")
+    seed: Optional[int] = arg(None, "random seed for sampling", group="generation")
+
+
+@dataclass
+class InferArguments(ModelArguments, GenerationArguments):
+    """Arguments of `swiftlite infer`. With --ckpt_dir the model, template, system prompt and
+    dtype come from the run's args.json; flags override them."""
+    ckpt_dir: Optional[str] = arg(None, "a LoRA checkpoint (loaded as base + adapter) or a merged "
+                                  "model folder", group="model")
+    query: Optional[str] = arg(None, "answer this one question, print the answer and exit",
+                               group="infer")
+    val_dataset: list[str] = arg(help="batch mode: answer every conversation of these files "
+                                 "(any --dataset format) and write JSONL to --result_path",
+                                 factory=list, group="infer")
+    result_path: Optional[str] = arg(None, "batch mode output JSONL (default: "
+                                     "<ckpt_dir or output>/infer_result/<timestamp>.jsonl)",
+                                     group="infer")
+    max_batch_size: int = arg(8, "batch mode: conversations generated together", group="infer")
+    stream: bool = arg(True, "interactive mode: print the answer token by token", group="infer")
+
+    def validate(self) -> "InferArguments":
+        problems = []
+        if not self.ckpt_dir and not self.model:
+            problems.append("give --ckpt_dir (a checkpoint or merged folder) or --model (a model "
+                            "folder, hub id or alias)")
+        if self.ckpt_dir and not os.path.isdir(self.ckpt_dir):
+            problems.append(f"--ckpt_dir {self.ckpt_dir}: no such folder")
+        if self.query is not None and not self.query.strip():
+            problems.append("--query is empty")
+        if self.query is not None and self.val_dataset:
+            problems.append("give --query or --val_dataset, not both")
+        problems += _check_choices(self)
+        for name in ("max_new_tokens", "max_batch_size"):
+            if getattr(self, name) <= 0:
+                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
+        if self.temperature < 0:
+            problems.append(f"--temperature must be 0 or more, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"--top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            problems.append(f"--top_k must be 0 or more, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            problems.append(f"--repetition_penalty must be positive, got "
+                            f"{self.repetition_penalty}")
+        if problems:
+            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        return self
+
+    def generation_kwargs(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationArguments)}
+
+
+@dataclass
+class MergeArguments:
+    """Arguments of `swiftlite merge-lora`."""
+    ckpt_dir: Optional[str] = arg(None, "the LoRA checkpoint folder to merge", group="model")
+    output_dir: Optional[str] = arg(None, "where to write the merged model (default: "
+                                    "<ckpt_dir>-merged)", group="model")
+    model: Optional[str] = arg(None, "base model folder, hub id or alias (default: the one the "
+                               "run trained, from args.json)", group="model")
+    template: Optional[str] = arg(None, "chat template to write into the merged tokenizer "
+                                  "(default: the training one)", group="model")
+    system: Optional[str] = arg(None, "default system prompt to write (default: the training "
+                                "one)", group="model")
+    torch_dtype: str = arg("auto", "dtype of the saved weights; auto: the training dtype (the "
+                           "merge itself is always fp32)", choices=("auto", "bfloat16", "float16",
+                                                                    "float32"), group="model")
+    max_shard_size: str = arg("5GB", "largest safetensors file, e.g. 2GB or 500MB",
+                              group="model")
+    exist_ok: bool = arg(False, "replace an existing output folder", group="model")
+    verify: bool = arg(True, "compare merged and adapter logits on a few samples (loads the "
+                       "model twice, one after the other)", group="model")
+
+    def validate(self) -> "MergeArguments":
+        problems = []
+        if not self.ckpt_dir:
+            problems.append("--ckpt_dir is required (a checkpoint folder written by swiftlite "
+                            "sft, e.g. output/<model>/v0-.../checkpoint-50)")
+        elif not os.path.isdir(self.ckpt_dir):
+            problems.append(f"--ckpt_dir {self.ckpt_dir}: no such folder")
+        problems += _check_choices(self)
+        try:
+            parse_size(self.max_shard_size)
+        except ValueError as e:
+            problems.append(f"--max_shard_size: {e}")
+        if problems:
+            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        return self
+
+
+def parse_size(text) -> int:
+    """'5GB' / '500MB' / '2GiB' / 1000000 -> bytes."""
+    import re
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)\s*", str(text).lower())
+    if not m:
+        raise ValueError(f"expected a size such as 5GB or 500MB, got {text!r}")
+    unit = m.group(2).rstrip("b")
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}[unit]
+    n = int(float(m.group(1)) * scale)
+    if n <= 0:
+        raise ValueError(f"the size must be positive, got {text!r}")
+    return n

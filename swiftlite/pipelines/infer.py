@@ -1,0 +1,205 @@
+"""`swiftlite infer`: talk to a checkpoint or a model.
+
+  --query TEXT        one answer printed to stdout (greedy unless --temperature > 0), then exit
+  --val_dataset FILE  batch mode: every conversation answered, JSONL written to --result_path
+  (neither)           interactive chat in the terminal, streaming, with multi-turn history
+
+The engine (loading, templates, generation) lives in swiftlite.generate.InferEngine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from ..arguments import InferArguments, build
+from ..errors import UsageError
+from ..generate import InferEngine  # noqa: F401  (public: swiftlite.pipelines.infer.InferEngine)
+from ..log import info
+
+HELP = """commands:
+  /clear          forget the conversation so far
+  /system TEXT    set the system prompt (starts a new conversation); /system alone shows it
+  /multiline      type several lines; finish with a line holding only /end
+  /quit           leave (also /exit or Ctrl-D); Ctrl-C stops an answer"""
+
+
+def load_engine(args: InferArguments) -> InferEngine:
+    overrides = {"template": args.template, "torch_dtype": args.torch_dtype,
+                 "trust_remote_code": args.trust_remote_code, "attn_impl": args.attn_impl}
+    if args.system is not None:
+        overrides["system"] = args.system
+    return InferEngine.load(args.ckpt_dir, args.model, **overrides)
+
+
+def infer(args: InferArguments | dict | None = None, *, messages=None, engine=None, **kwargs):
+    """Python API.
+
+    swiftlite.infer(ckpt_dir=..., query="Who are you?") -> str
+    swiftlite.infer(ckpt_dir=..., messages=[{"role": "user", "content": "Hi"}]) -> str
+    swiftlite.infer(ckpt_dir=..., messages=[conversation, ...]) -> [str, ...]
+    swiftlite.infer(ckpt_dir=..., val_dataset=["data.jsonl"]) -> [{messages, response, ...}]
+    (the last also writes the JSONL file; its path is printed). Pass engine= to reuse a loaded
+    InferEngine.
+    """
+    if args is None or isinstance(args, dict):
+        args = build(InferArguments, {**(args or {}), **kwargs}, where="swiftlite.infer")
+    args.validate()
+    engine = engine or load_engine(args)
+    gen = args.generation_kwargs()
+    if args.val_dataset:
+        return batch_infer(engine, args)[1]
+    if messages is None and args.query is None:
+        raise UsageError("swiftlite.infer: pass query=..., messages=... or val_dataset=[...].")
+    if messages is None:
+        return engine.chat(args.query, **gen)
+    if messages and isinstance(messages[0], (list, str)):  # several conversations
+        return engine.generate_batch(messages, max_batch_size=args.max_batch_size, **gen)
+    return engine.chat(messages, **gen)
+
+
+# -- batch mode ------------------------------------------------------------------------------
+def batch_infer(engine: InferEngine, args: InferArguments) -> tuple[str, list[dict]]:
+    """Answer every conversation of --val_dataset; returns (result path, records)."""
+    from ..datasets import load_conversations
+    convs, report = load_conversations(args.val_dataset, require_reply=False)
+    prompts, refs = [], []
+    for c in convs:  # a conversation ending with a reply: that reply is the reference
+        if c[-1]["role"] == "assistant":
+            prompts.append(c[:-1])
+            refs.append(c[-1]["content"])
+        else:
+            prompts.append(c)
+            refs.append(None)
+    info(f"answering {len(prompts)} conversation(s) from {' '.join(args.val_dataset)} "
+         f"({report.summary()}), {args.max_batch_size} at a time")
+    t0 = time.time()
+    answers = engine.generate_batch(prompts, max_batch_size=args.max_batch_size, progress=True,
+                                    **args.generation_kwargs())
+    records = []
+    for p, a, r in zip(prompts, answers, refs):
+        rec = {"messages": p, "response": a}
+        if r is not None:
+            rec["reference"] = r
+        records.append(rec)
+    path = args.result_path or _default_result_path(args)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in records:
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)  # never a half-written result file
+    info(f"{len(records)} answers in {time.time() - t0:.1f} s written to {path}")
+    return path, records
+
+
+def _default_result_path(args: InferArguments) -> str:
+    root = args.ckpt_dir or "output"
+    return os.path.join(root, "infer_result", time.strftime("%Y%m%d-%H%M%S") + ".jsonl")
+
+
+# -- interactive mode ------------------------------------------------------------------------
+def chat_loop(engine: InferEngine, gen: dict, *, stream: bool = True, stdin=None,
+              stdout=None) -> None:
+    """Multi-turn chat on a terminal (or any text streams, for tests and pipes)."""
+    stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
+    system = engine.default_system
+    history: list[dict] = []
+
+    def say(text="", end="\n"):
+        stdout.write(text + end)
+        stdout.flush()
+
+    def read(prompt: str) -> str | None:
+        say(prompt, end="")
+        line = stdin.readline()
+        return None if line == "" else line.rstrip("\n")
+
+    say(f"swiftlite chat: {engine.template.name} template; system prompt: {system!r}\n{HELP}")
+    while True:
+        try:
+            line = read("<<< ")
+        except KeyboardInterrupt:
+            say("\n(Ctrl-C stops an answer; /quit or Ctrl-D leaves)")
+            continue
+        if line is None:
+            say()
+            return
+        cmd, _, rest = line.strip().partition(" ")
+        if cmd in ("/quit", "/exit"):
+            return
+        if cmd == "/help":
+            say(HELP)
+            continue
+        if cmd == "/clear":
+            history = []
+            say("(conversation cleared)")
+            continue
+        if cmd == "/system":
+            if rest.strip():
+                system, history = rest.strip(), []
+                say(f"(system prompt set; conversation cleared)")
+            else:
+                say(f"(system prompt: {system!r})")
+            continue
+        if cmd == "/multiline":
+            lines = []
+            while (more := read("... ")) is not None and more.strip() != "/end":
+                lines.append(more)
+            line = "\n".join(lines)
+        elif cmd.startswith("/") and cmd[1:].isalpha():
+            say(f"(unknown command {cmd}; /help lists them)")
+            continue
+        if not line.strip():
+            continue
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+            history + [{"role": "user", "content": line}]
+        answer = _answer(engine, messages, gen, stream, say)
+        if answer is not None:
+            history += [{"role": "user", "content": line},
+                        {"role": "assistant", "content": answer}]
+
+
+def _answer(engine, messages, gen, stream, say) -> str | None:
+    """Print one answer; Ctrl-C stops it and keeps the session (the turn is dropped)."""
+    say(">>> ", end="")
+    if not stream:
+        try:
+            answer = engine.chat(messages, **gen)
+        except KeyboardInterrupt:
+            say("(stopped)")
+            return None
+        say(answer)
+        return answer
+    parts = []
+    pieces = engine.stream(messages, **gen)
+    try:
+        for piece in pieces:
+            parts.append(piece)
+            say(piece, end="")
+    except KeyboardInterrupt:
+        pieces.close()  # stops generation at the next token
+        say(" (stopped)")
+        return None
+    say()
+    return "".join(parts)
+
+
+def main(argv: list[str]) -> None:
+    from ..cli import parse_argv
+    args = parse_argv(InferArguments, argv, "swiftlite infer",
+                      "Chat with a checkpoint or model (interactive), answer one --query, or "
+                      "batch-infer a --val_dataset.")
+    args.validate()
+    if args.val_dataset:  # read and check the data before loading the model
+        from ..datasets import load_conversations
+        load_conversations(args.val_dataset, require_reply=False)
+    engine = load_engine(args)
+    gen = args.generation_kwargs()
+    if args.query is not None:
+        print(engine.chat(args.query, **gen), flush=True)
+    elif args.val_dataset:
+        print(batch_infer(engine, args)[0])
+    else:
+        chat_loop(engine, gen, stream=args.stream)

@@ -1,0 +1,238 @@
+"""`swiftlite merge-lora`: a LoRA checkpoint -> a plain transformers model folder.
+
+  checkpoint (adapter + args.json) -> base model files -> merged shards (tensor by tensor, see
+  merge_shards) + config + generation config + tokenizer carrying the training chat template
+  and system prompt + swiftlite.json -> logit check against the adapter -> rename into place.
+
+Everything is written into a hidden temporary folder next to the output and renamed at the
+end, so an interrupted or refused merge never leaves a folder that looks finished.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from ..arguments import MergeArguments, build, parse_size
+from ..checkpoint_info import describe
+from ..errors import UsageError
+from ..log import info, warn
+
+# A few fixed conversations for the logit check: short, and covering system, user and reply.
+CHECK_CONVERSATIONS = [
+    [{"role": "user", "content": "Who are you?"}],
+    [{"role": "user", "content": "What is the capital of France?"},
+     {"role": "assistant", "content": "The capital of France is Paris."}],
+    [{"role": "system", "content": "Answer in one word."},
+     {"role": "user", "content": "Name a colour of the sky. 你好"}],
+]
+
+
+def merge_lora(ckpt_dir: str | MergeArguments | None = None, output_dir: str | None = None,
+               **kwargs) -> str:
+    """Python API: `swiftlite.merge_lora("output/.../checkpoint-50")` -> the merged folder."""
+    if isinstance(ckpt_dir, MergeArguments):
+        args = ckpt_dir
+    else:
+        values = {k: v for k, v in dict(ckpt_dir=ckpt_dir, output_dir=output_dir, **kwargs).items()
+                  if v is not None}
+        args = build(MergeArguments, values, where="swiftlite.merge_lora")
+    args.validate()
+    return run(args)
+
+
+def run(args: MergeArguments) -> str:
+    t0 = time.time()
+    ckpt = describe(args.ckpt_dir, args.model, template=args.template, system=args.system)
+    if ckpt.kind != "adapter":
+        train_type = ckpt.run_args.get("train_type")
+        what = "a full fine-tuning checkpoint" if train_type == "full" else "a complete model"
+        info(f"{args.ckpt_dir} is {what} (config.json and weights, no LoRA adapter): there is "
+             f"nothing to merge. Use it as it is: swiftlite infer --ckpt_dir {args.ckpt_dir}")
+        return args.ckpt_dir
+    out = os.path.abspath(args.output_dir or args.ckpt_dir.rstrip("/\\") + "-merged")
+    _check_output(out, args, ckpt)
+
+    import torch
+    from .. import merge_shards as ms
+    from ..hardware import detect, resolve_dtype
+    from ..models.loader import load_tokenizer, torch_dtype
+    from ..template import get_template
+    from transformers import AutoConfig
+
+    dtype_name = args.torch_dtype if args.torch_dtype != "auto" else (
+        ckpt.torch_dtype or resolve_dtype("auto", detect()))
+    out_dtype = torch_dtype(dtype_name)
+    config = AutoConfig.from_pretrained(ckpt.base_dir)
+    tokenizer = load_tokenizer(ckpt.tokenizer_dir())
+    template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+
+    # Check everything before writing anything.
+    index = ms.base_index(ckpt.base_dir)
+    meta = ms.tensor_meta(index)
+    adapter_cfg, adapter = ms.read_adapter(args.ckpt_dir)
+    try:
+        plan = ms.plan_merge(adapter_cfg, adapter, meta, config, _embedding_names(config))
+    except ms.Unsupported as e:
+        plan = None
+        info(f"the adapter uses {e}, which the tensor-by-tensor merge does not implement; "
+             "merging with peft's merge_and_unload instead (needs the whole model in memory).")
+
+    info(f"merging {args.ckpt_dir} into {ckpt.base_dir} (fp32), saving {dtype_name} to {out}")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        if plan is not None:
+            stats = ms.write_merged(tmp, plan, index, meta, out_dtype,
+                                    parse_size(args.max_shard_size))
+            if plan.untie:
+                config.tie_word_embeddings = False
+                info(f"the adapter changes {plan.untie[0]} and {plan.untie[1]} differently: the "
+                     "merged model stores them as two weights (tie_word_embeddings false)")
+        else:
+            stats = naive_merge(ckpt.base_dir, args.ckpt_dir, tmp, out_dtype, args.max_shard_size)
+            config.tie_word_embeddings = getattr(
+                AutoConfig.from_pretrained(tmp), "tie_word_embeddings", False)
+        config.dtype = dtype_name
+        config.use_cache = True
+        config.save_pretrained(tmp)
+        _save_generation_config(ckpt.base_dir, config, template, tokenizer, tmp)
+        tokenizer.chat_template = template.to_jinja()
+        tokenizer.save_pretrained(tmp)
+        with open(os.path.join(tmp, "swiftlite.json"), "w", encoding="utf-8") as f:
+            json.dump({"template": template.name, "system": template.default_system,
+                       "is_chat": True, "torch_dtype": dtype_name,
+                       "merged_from": os.path.abspath(args.ckpt_dir),
+                       "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)
+        if args.verify:
+            diff = max_logit_difference(ckpt.base_dir, args.ckpt_dir, tmp, template)
+            note = "" if dtype_name == "float32" else f" (includes rounding to {dtype_name})"
+            print(f"max |logit difference| adapter vs merged: {diff:.3g}{note}", flush=True)
+            if dtype_name == "float32" and diff > 1e-2:
+                warn("the merged model's logits differ from the adapter's by more than 1e-2; "
+                     "please report this with the checkpoint's adapter_config.json.")
+        _replace(tmp, out, args.exist_ok)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    info(f"merged {stats['merged']} LoRA weights into {stats['tensors']} tensors "
+         f"({stats['bytes'] / 2**20:.0f} MiB, {len(stats['files'])} file(s)) in "
+         f"{time.time() - t0:.1f} s: {out}")
+    return out
+
+
+def _check_output(out: str, args: MergeArguments, ckpt) -> None:
+    ck, base = os.path.abspath(args.ckpt_dir), os.path.abspath(ckpt.base_dir)
+    if out in (ck, base) or ck.startswith(out + os.sep) or base.startswith(out + os.sep):
+        raise UsageError(f"--output_dir {out}: that would overwrite the checkpoint or the base "
+                         "model; choose another folder.")
+    if os.path.exists(out) and not args.exist_ok:
+        raise UsageError(f"--output_dir {out} already exists. Remove it, choose another "
+                         "--output_dir, or pass --exist_ok true to replace it.")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"--output_dir {out} is a file, not a folder.")
+
+
+def _replace(tmp: str, out: str, exist_ok: bool) -> None:
+    """Move the finished folder into place; an old one is removed only after that worked."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
+    old = None
+    if os.path.exists(out):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
+        os.rmdir(old)
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _embedding_names(config) -> tuple[str, str] | None:
+    """(input embedding weight, output embedding weight) names, from a weightless model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # an architecture transformers cannot build: no tie handling needed
+        return None
+    names = {id(m): n for n, m in model.named_modules()}
+    emb_in, emb_out = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb_in is None or emb_out is None:
+        return None
+    return names[id(emb_in)] + ".weight", names[id(emb_out)] + ".weight"
+
+
+def _save_generation_config(base_dir, config, template, tokenizer, out_dir) -> None:
+    """The base generation config, stopping on the template's end-of-turn tokens too, so plain
+    transformers `generate` stops where swiftlite does."""
+    from transformers import GenerationConfig
+    try:
+        gen = GenerationConfig.from_pretrained(base_dir)
+    except OSError:
+        gen = GenerationConfig.from_model_config(config)
+    eos = gen.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    for t in template.stop_token_ids():
+        if t not in eos:
+            eos.append(t)
+    gen.eos_token_id = eos[0] if len(eos) == 1 else eos
+    if gen.pad_token_id is None:
+        gen.pad_token_id = tokenizer.pad_token_id
+    gen.save_pretrained(out_dir)
+
+
+def naive_merge(base_dir: str, ckpt_dir: str, out_dir: str, dtype, max_shard_size="5GB") -> dict:
+    """peft's merge: the whole base model in fp32, merge_and_unload, save_pretrained.
+    The fallback for adapters the tensor-by-tensor merge does not handle, and the baseline
+    of scripts/bench_infer.py."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, ckpt_dir).merge_and_unload()
+    model.to(dtype).save_pretrained(out_dir, max_shard_size=max_shard_size)
+    files = sorted(f for f in os.listdir(out_dir) if f.endswith(".safetensors"))
+    return {"files": files, "tensors": len(model.state_dict()), "merged": -1,
+            "bytes": sum(os.path.getsize(os.path.join(out_dir, f)) for f in files),
+            "untied": False}
+
+
+def _logits(model, batches):
+    import torch
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([ids])).logits.float() for ids in batches]
+
+
+def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template) -> float:
+    """Largest |logit| difference between base + adapter and the merged model on a few encoded
+    conversations. The two models are loaded one after the other, never together."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    samples = [template.tokenizer(template.render(c, add_generation_prompt=c[-1]["role"] == "user")
+                                  [0], add_special_tokens=False)["input_ids"]
+               for c in CHECK_CONVERSATIONS]
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, ckpt_dir).eval()
+    ref = _logits(model, samples)
+    del model
+    gc.collect()
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+    got = _logits(merged, samples)
+    del merged
+    gc.collect()
+    return max(float((a - b).abs().max()) for a, b in zip(ref, got))
+
+
+def main(argv: list[str]) -> None:
+    from ..cli import parse_argv
+    args = parse_argv(MergeArguments, argv, "swiftlite merge-lora",
+                      "Merge a LoRA checkpoint into its base model and save a plain transformers "
+                      "model (safetensors) with the training chat template.")
+    args.validate()
+    print(run(args))
