@@ -1,7 +1,200 @@
-"""DeepSpeed configuration for the Trainer (presets, auto values, CPU-only enablement)."""
+"""DeepSpeed for the Trainer: presets, "auto" values, CPU-only enablement, resume checks and
+ZeRO-3 consolidation.
+
+`--deepspeed` is a preset name (zero0 ... zero3_offload, JSON files shipped in
+swiftlite/deepspeed_configs), a path to a JSON file, or an inline JSON string. The "auto"
+values in a config (batch sizes, accumulation, clipping, optimizer values, fp16/bf16) are
+filled from the TrainingArguments by transformers' own DeepSpeed integration; swiftlite only
+loads the config and makes it work where accelerate alone would not (CPU-only hosts).
+"""
 from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from importlib import resources
+
+from .errors import UsageError
+from .log import info
+
+PRESET_DESCRIPTIONS = {
+    "zero0": "plain data parallel (DDP-like), nothing partitioned",
+    "zero1": "optimizer states partitioned across processes",
+    "zero2": "optimizer states and gradients partitioned",
+    "zero3": "optimizer states, gradients and parameters partitioned",
+    "zero2_offload": "ZeRO-2 with optimizer states offloaded to CPU memory",
+    "zero3_offload": "ZeRO-3 with optimizer states and parameters offloaded to CPU memory",
+}
+
+
+def preset_names() -> list[str]:
+    files = resources.files("swiftlite.deepspeed_configs")
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+
+
+def presets_help() -> str:
+    """One line per preset, for `swiftlite sft --help`."""
+    return "\n".join(f"  {name:<14} {PRESET_DESCRIPTIONS.get(name, '')}" for name in preset_names())
+
+
+def load_config(value) -> dict:
+    """The DeepSpeed config dict for a preset name, JSON file path, inline JSON or dict."""
+    if isinstance(value, dict):
+        return json.loads(json.dumps(value))  # a private copy: HF fills "auto" in place
+    text = str(value).strip()
+    names = preset_names()
+    choices = (f"use a preset ({', '.join(names)}), a path to a DeepSpeed JSON file, or "
+               "inline JSON such as '{\"zero_optimization\": {\"stage\": 2}}'")
+    if text in names:
+        with resources.files("swiftlite.deepspeed_configs").joinpath(f"{text}.json").open() as f:
+            return json.load(f)
+    if text.startswith("{"):
+        config, where = _parse_json(text, "inline JSON"), "inline JSON"
+    elif os.path.isfile(text):
+        with open(text, encoding="utf-8") as f:
+            config, where = _parse_json(f.read(), text), text
+    else:
+        raise UsageError(f"--deepspeed {text}: not a preset and no such file; {choices}.")
+    if not isinstance(config, dict):
+        raise UsageError(f"--deepspeed {where}: expected a JSON object, got "
+                         f"{type(config).__name__}; {choices}.")
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise UsageError(f"--deepspeed {where}: zero_optimization.stage must be 0, 1, 2 or 3, "
+                         f"got {stage!r}.")
+    return config
+
+
+def _parse_json(text: str, where: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--deepspeed {where}: malformed JSON at line {e.lineno} column "
+                         f"{e.colno}: {e.msg}. Presets: {', '.join(preset_names())}.") from None
+
+
+def zero_stage(config: dict) -> int:
+    return int((config.get("zero_optimization") or {}).get("stage", 0))
+
+
+def resolve(args, hw) -> dict | None:
+    """The config for args.deepspeed ("auto" asks `swiftlite estimate` for a preset)."""
+    if not args.deepspeed:
+        return None
+    value = args.deepspeed
+    if isinstance(value, str) and value.strip() == "auto":
+        value = _recommended_preset(args, hw)
+    return load_config(value)
+
+
+def _recommended_preset(args, hw) -> str:
+    try:
+        from .pipelines.estimate import recommend
+    except ImportError:
+        raise UsageError("--deepspeed auto needs `swiftlite estimate`, which this installation "
+                         f"lacks; choose a preset: {', '.join(preset_names())}.") from None
+    from .distributed import world_size
+    choice = recommend(args, hw, world_size())
+    name = getattr(choice, "deepspeed", choice)
+    if name in (None, "", "none"):
+        info("--deepspeed auto: the estimate says plain training fits; using zero0")
+        name = "zero0"
+    info(f"--deepspeed auto: using preset {name} (see `swiftlite estimate`)")
+    return name
 
 
 def training_kwargs(args, hw) -> dict:
-    """Extra TrainingArguments for args.deepspeed (a JSON file path or dict for now)."""
-    return {"deepspeed": args.deepspeed} if args.deepspeed else {}
+    """Extra TrainingArguments for args.deepspeed: the config dict, and on a CPU-only host
+    the accelerate state that makes DeepSpeed see all processes."""
+    config = resolve(args, hw)
+    if config is None:
+        return {}
+    _single_process_env()
+    if args.resume_from_checkpoint:
+        check_resume(args.resume_from_checkpoint)
+    kwargs = {"deepspeed": config}
+    if hw.device == "cpu":
+        # accelerate enables DeepSpeed only when an accelerator is present; without one the
+        # Trainer sees a world size of 1 and DeepSpeed rejects the batch size. Configuring the
+        # state ourselves (gloo) and telling the Trainer to use it is what works (FACTS.md).
+        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+        from accelerate import PartialState
+        PartialState(backend="gloo")
+        kwargs["accelerator_config"] = {"use_configured_state": True}
+    return kwargs
+
+
+def _single_process_env() -> None:
+    """DeepSpeed always needs a process group; give a plain `swiftlite sft` run one of size 1."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def saved_world_size(ckpt_dir: str) -> int | None:
+    """How many data-parallel processes wrote this DeepSpeed checkpoint (None: not one)."""
+    steps = sorted(glob.glob(os.path.join(ckpt_dir, "global_step*")))
+    if not steps:
+        return None
+    ranks = {m.group(1) for f in os.listdir(steps[-1])
+             if (m := re.match(r".*zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$", f))}
+    if not ranks:  # ZeRO-0: one model_states file per model-parallel rank, no ZeRO shards
+        return None
+    return len(ranks)
+
+
+def check_resume(ckpt_dir: str) -> None:
+    """Stop before any work when a ZeRO checkpoint was written by another number of
+    processes: its optimizer shards cannot be re-partitioned on load."""
+    from .distributed import world_size
+    saved, now = saved_world_size(ckpt_dir), world_size()
+    if saved is not None and saved != now:
+        raise UsageError(
+            f"--resume_from_checkpoint {ckpt_dir}: this ZeRO checkpoint was written by {saved} "
+            f"processes and this run has {now}. ZeRO splits the optimizer states per process, so "
+            f"resume with {saved} processes (NPROC_PER_NODE x NNODES = {saved}), or start a new "
+            "run from the weights (consolidate them with swiftlite.deepspeed.consolidate).")
+
+
+def consolidate(ckpt_dir: str, output_dir: str | None = None, tokenizer: bool = True) -> str:
+    """A plain transformers model folder from a ZeRO checkpoint of a full fine-tuning run.
+
+    Uses DeepSpeed's own zero_to_fp32 to merge the fp32 master weights of every process (works
+    for ZeRO-1/2/3 and any number of processes, on one CPU), then writes them with the
+    checkpoint's config as safetensors. Returns the output folder (<ckpt>-fp32 by default).
+    """
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    if saved_world_size(ckpt_dir) is None:
+        raise UsageError(f"{ckpt_dir}: no ZeRO checkpoint (global_step*/ with optimizer shards) "
+                         "to consolidate.")
+    if os.path.exists(os.path.join(ckpt_dir, "adapter_config.json")):
+        raise UsageError(f"{ckpt_dir} is a LoRA checkpoint: its adapter is saved complete; use "
+                         "`swiftlite merge-lora --ckpt_dir` instead.")
+    output_dir = output_dir or ckpt_dir.rstrip("/") + "-fp32"
+    state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir)
+    config = AutoConfig.from_pretrained(ckpt_dir)
+    import torch
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(state, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise UsageError(f"{ckpt_dir}: the ZeRO checkpoint lacks {len(missing)} weights "
+                         f"(e.g. {missing[0]}); was it written by a full fine-tuning run?")
+    model.save_pretrained(output_dir, safe_serialization=True)
+    if tokenizer:
+        try:
+            AutoTokenizer.from_pretrained(ckpt_dir).save_pretrained(output_dir)
+        except (OSError, ValueError):
+            pass  # a checkpoint without tokenizer files: the weights are still usable
+    info(f"consolidated {ckpt_dir} -> {output_dir}")
+    return output_dir
