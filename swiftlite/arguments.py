@@ -115,6 +115,9 @@ class TrainArguments:
     padding_free: bool = arg(True, "pack each batch into one row without padding (attention "
                              "stays inside each sample); false: pad to the longest",
                              group="train")
+    chunked_loss: bool = arg(True, "LM head and loss only at trained positions, in chunks (less "
+                             "time, no length x vocab logits in memory); false: the model's own "
+                             "loss", group="train")
 
 
 @dataclass

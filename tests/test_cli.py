@@ -1,0 +1,110 @@
+"""Arguments and the CLI: flags, config files, TrainingArguments pass-through, clear errors."""
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from swiftlite.arguments import SftArguments, build, load_config_file
+from swiftlite.cli import parse_argv
+from swiftlite.errors import UsageError
+
+from conftest import REPO, run_cli
+
+
+def parse(*argv):
+    return parse_argv(SftArguments, list(argv), "swiftlite sft", "")
+
+
+def test_flags_with_underscores_or_dashes_and_types():
+    a = parse("--model", "tiny-qwen2", "--dataset", "a.jsonl", "b.jsonl#5", "--max-length", "512",
+              "--lora_rank", "16", "--gradient_checkpointing", "false", "--learning_rate", "2e-4",
+              "--target_modules", "q_proj", "v_proj", "--skip_bad_rows")
+    assert a.dataset == ["a.jsonl", "b.jsonl#5"] and a.max_length == 512 and a.lora_rank == 16
+    assert a.gradient_checkpointing is False and a.learning_rate == 2e-4 and a.skip_bad_rows
+    assert a.target_modules == ["q_proj", "v_proj"]
+
+
+def test_training_arguments_pass_through():
+    a = parse("--model", "m", "--dataset", "d.jsonl", "--report_to", "none", "--eval_strategy",
+              "no", "--dataloader_num_workers", "2", "--bf16", "false", "--max_steps", "-1")
+    assert a.training_args == {"report_to": "none", "eval_strategy": "no",
+                               "dataloader_num_workers": 2, "bf16": False}
+    assert a.max_steps == -1
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--modle", "x"], "unknown argument(s) --modle (did you mean --model?)"),
+    (["--lora_rank", "abc"], "--lora_rank: expected a whole number, got 'abc'"),
+    (["--gradient_checkpointing", "maybe"], "expected true or false"),
+])
+def test_bad_flags_name_the_flag(argv, message):
+    with pytest.raises(UsageError) as e:
+        parse("--model", "m", "--dataset", "d.jsonl", *argv)
+    assert message in str(e.value)
+
+
+def test_validate_collects_every_problem():
+    with pytest.raises(UsageError) as e:
+        build(SftArguments, {"lora_rank": 0, "split_dataset_ratio": 2}).validate()
+    msg = str(e.value)
+    for part in ("--model is required", "--dataset is required", "--lora_rank must be",
+                 "--split_dataset_ratio must be"):
+        assert part in msg
+
+
+def test_config_file_and_overrides(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: tiny-qwen2\ndataset: [x.jsonl]\nlora_rank: 4\nreport_to: none\n")
+    a = parse(str(cfg), "--lora_rank", "16")
+    assert a.model == "tiny-qwen2" and a.lora_rank == 16 and a.training_args["report_to"] == "none"
+    cfg.write_text("model: tiny-qwen2\nlora_rnk: 4\n")
+    with pytest.raises(UsageError, match="config file .*--lora_rnk.*did you mean --lora_rank"):
+        parse(str(cfg))
+    cfg.write_text("model: [unclosed\n")
+    with pytest.raises(UsageError, match="cannot parse"):
+        parse(str(cfg))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "examples", "*.yaml"))))
+def test_every_example_config_loads_and_validates(path):
+    values = load_config_file(path)
+    args = build(SftArguments, values, where=path).validate()
+    assert args.model and args.dataset
+    for spec in args.dataset:  # example data files exist
+        file = spec.split("#")[0]
+        if file.endswith(".jsonl"):
+            assert os.path.exists(os.path.join(REPO, file)), file
+
+
+def test_help_is_fast_and_lists_flags():
+    t = time.time()
+    r = subprocess.run([sys.executable, "-m", "swiftlite.cli", "sft", "--help"],
+                       capture_output=True, text=True)
+    assert time.time() - t < 2.0, "swiftlite sft --help must answer in under 2 s"
+    assert r.returncode == 0 and "--lora_rank" in r.stdout and "--dataset" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "swiftlite.cli", "--help"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and "merge-lora" in r.stdout
+
+
+def test_cli_errors_exit_2_without_traceback(tmp_path):
+    r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", "d.jsonl", "--lora_rank", "x",
+                check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--lora_rank: expected a whole number" in r.stderr
+    r = run_cli("sfft", check=False)
+    assert r.returncode == 2 and "did you mean 'sft'" in r.stderr
+
+
+def test_unknown_model_is_a_clear_error(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"query": "a", "response": "b"}\n')
+    r = run_cli("sft", "--model", "Qwen9-1B", "--dataset", str(data), check=False)
+    assert r.returncode == 2 and "--model Qwen9-1B" in r.stderr and "Known aliases" in r.stderr
+    r = run_cli("sft", "--model", "SomeOrg/not-downloaded", "--dataset", str(data), check=False,
+                env={"HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "SomeOrg/not-downloaded" in r.stderr
+    assert "pass its local folder" in r.stderr
