@@ -111,6 +111,8 @@ def sft_main(argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # The `deepspeed` launcher puts --local_rank=N before the command; LOCAL_RANK says the same.
+    argv = [a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))]
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: swiftlite COMMAND [--flag value ...]\n\ncommands:")
         for name, (_, desc) in COMMANDS.items():
