@@ -435,3 +435,45 @@ def parse_size(text) -> int:
     if n <= 0:
         raise ValueError(f"the size must be positive, got {text!r}")
     return n
+
+
+# -- estimate (issue 4) ---------------------------------------------------------------------------
+@dataclass
+class EstimateArguments:
+    """Arguments of `swiftlite estimate`: training memory from the model's config.json alone."""
+    model: Optional[str] = arg(None, "model folder, config.json, alias (Qwen2-1.5B-Instruct) or "
+                               "hub id; only its config is read", group="model")
+    torch_dtype: str = arg("bfloat16", "training dtype (float16: T4/V100)",
+                           choices=("bfloat16", "float16", "float32"), group="model")
+    gpus: int = arg(1, "GPUs (training processes) per node", group="hardware")
+    nodes: int = arg(1, "nodes", group="hardware")
+    gpu_memory: str = arg("24GB", "memory of one GPU, e.g. 24GB, 80GB (GB read as GiB)",
+                          group="hardware")
+    cpu_memory: Optional[str] = arg(None, "CPU memory per node, e.g. 256GB; offload options "
+                                    "needing more are not recommended (default: not checked)",
+                                    group="hardware")
+    train_type: str = arg("lora", "lora or full", choices=("lora", "full"), group="tuner")
+    lora_rank: int = arg(8, "LoRA rank r", group="tuner")
+    lora_dropout: float = arg(0.05, "dropout on the LoRA input", group="tuner")
+    target_modules: list[str] = arg(help="modules to adapt: all-linear, or names such as q_proj "
+                                    "v_proj", factory=lambda: ["all-linear"], group="tuner")
+    max_length: int = arg(2048, "tokens per sample (the worst case: every sample this long)",
+                          group="train")
+    batch_size: int = arg(1, "per-device batch size (sft's --per_device_train_batch_size)",
+                          group="train")
+    json: bool = arg(False, "print JSON instead of the table", group="train")
+
+    def validate(self) -> "EstimateArguments":
+        problems = []
+        if not self.model:
+            problems.append("--model is required (an alias such as Qwen2-1.5B-Instruct, a model "
+                            "folder or a config.json)")
+        problems += _check_choices(self)
+        for name in ("gpus", "nodes", "lora_rank", "max_length", "batch_size"):
+            if getattr(self, name) <= 0:
+                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
+        if not 0 <= self.lora_dropout < 1:
+            problems.append(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if problems:
+            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        return self
