@@ -27,6 +27,40 @@ def collator(tokenizer, padding_free: bool):
                                   pad_to_multiple_of=None)
 
 
+def trainer_class(chunked_loss: bool):
+    """The HF Trainer, or a subclass whose training loss is swiftlite.loss.supervised_head_loss
+    (LM head only at trained positions, chunked). Evaluation keeps the model's own loss."""
+    from transformers import Trainer
+    if not chunked_loss:
+        return Trainer
+
+    class SftTrainer(Trainer):
+        _head_ok = None  # decided at the first step, once DeepSpeed has wrapped the model
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self._head_ok is None:
+                from .loss import why_unsupported
+                reason = why_unsupported(model)
+                if reason:
+                    from .log import warn
+                    warn(f"--chunked_loss: using the model's own loss because {reason}.")
+                self._head_ok = reason is None
+            if not (self._head_ok and model.training and not return_outputs
+                    and "labels" in inputs and self.label_smoother is None):
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            from .loss import supervised_head_loss
+            # Normalised like the model's own loss: by num_items_in_batch (trained tokens in
+            # the whole accumulated batch) when the Trainer counts them, else a per-batch mean
+            # that the Trainer divides by the accumulation steps.
+            loss = supervised_head_loss(model, inputs, num_items_in_batch)
+            if (self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs
+                    and num_items_in_batch is not None):  # as Trainer.compute_loss does
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+            return loss
+
+    return SftTrainer
+
+
 def peak_memory_mb() -> dict:
     import resource
 
@@ -132,7 +166,7 @@ def plot_losses(run_dir: str) -> list[str]:
 
 def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype: str, hw):
     """A transformers Trainer for these arguments and datasets."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import TrainingArguments
 
     from .distributed import world_size
     world = world_size()
@@ -165,10 +199,11 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         fp16=dtype == "float16", gradient_checkpointing=False,  # enabled in tuners.prepare_model
         remove_unused_columns=False,
         use_cpu=hw.device == "cpu", **extra)
-    trainer = Trainer(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
-                      eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
-                      data_collator=collator(tokenizer, args.padding_free),
-                      processing_class=tokenizer,
-                      callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
-                                 NonFiniteLossGuard(), CheckpointArgs(run_dir)])
+    trainer_cls = trainer_class(args.chunked_loss)
+    trainer = trainer_cls(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
+                          eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
+                          data_collator=collator(tokenizer, args.padding_free),
+                          processing_class=tokenizer,
+                          callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
+                                     NonFiniteLossGuard(), CheckpointArgs(run_dir)])
     return trainer

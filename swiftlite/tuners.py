@@ -14,7 +14,9 @@ def prepare_model(model, args):
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        model.config.use_cache = False
+    # Training never uses the KV cache, and with it on transformers skips the per-sample mask of
+    # padding-free batches (samples would attend to each other): off, with or without checkpointing.
+    model.config.use_cache = False
     if args.train_type == "full":
         info(f"full fine-tuning: {_count(model)} trainable parameters")
         return model

@@ -1,0 +1,200 @@
+"""Each training speed-up learns exactly what the plain computation learns.
+
+- padding-free batches (--padding_free) vs right-padded batches;
+- the LM head only at trained positions, chunked (--chunked_loss) vs the model's own loss,
+  including its normalisation per trained token across gradient accumulation;
+- CPU mixed precision (--torch_dtype bfloat16: frozen base in bf16, LoRA + optimizer in fp32).
+All on the real tiny Qwen2 (151,936-token vocabulary) and its real tokenizer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from swiftlite.arguments import SftArguments
+
+
+def _lora_model(model_dir, dtype="float32", gradient_checkpointing=True, seed=0):
+    from swiftlite.models.loader import load_model
+    from swiftlite.tuners import prepare_model
+    torch.manual_seed(seed)
+    args = SftArguments(model="x", dataset=["x"], lora_dropout=0.0,
+                        gradient_checkpointing=gradient_checkpointing)
+    model = prepare_model(load_model(model_dir, dtype), args)
+    for name, p in model.named_parameters():  # lora_B starts at 0: give the adapters a say
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    model.train()
+    return model
+
+
+def _samples(model_dir):
+    from swiftlite.models.loader import load_tokenizer
+    from swiftlite.template import get_template
+    tok = load_tokenizer(model_dir)
+    tpl = get_template("qwen", tok)
+    convs = [[{"role": "user", "content": "What is 2+2?"},
+              {"role": "assistant", "content": "2+2 is 4, as everyone knows."}],
+             [{"role": "system", "content": "Be brief."},
+              {"role": "user", "content": "Capital of France?"},
+              {"role": "assistant", "content": "Paris."},
+              {"role": "user", "content": "And of Italy? Tell me more about it, please."},
+              {"role": "assistant", "content": "Rome, the capital since 1871."}],
+             [{"role": "user", "content": "Name three colours."},
+              {"role": "assistant", "content": "Red, green and blue."}]]
+    return tok, [tpl.encode(c) for c in convs]
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _assert_close_grads(a, b, rtol=1e-4):
+    assert a.keys() == b.keys() and a
+    for n in a:
+        scale = a[n].abs().max().item()
+        assert scale > 0, f"{n} got no gradient"
+        assert (a[n] - b[n]).abs().max().item() <= rtol * scale + 1e-12, n
+
+
+@pytest.mark.parametrize("gradient_checkpointing", [True, False])
+def test_padding_free_equals_padded(tiny_qwen2, gradient_checkpointing):
+    """Same loss and LoRA gradients from a packed row as from a padded batch (SDPA, no
+    flash-attention), with and without checkpointing (the KV cache must be off for both)."""
+    from swiftlite.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    model = _lora_model(tiny_qwen2, gradient_checkpointing=gradient_checkpointing)
+    results = []
+    for padding_free in (False, True):
+        batch = collator(tok, padding_free)([dict(s) for s in samples])
+        if padding_free:
+            assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
+        else:
+            assert batch["input_ids"].shape[0] == len(samples)
+        model.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        results.append((loss.item(), _grads(model)))
+    (padded, g_padded), (packed, g_packed) = results
+    assert packed == pytest.approx(padded, rel=1e-5)
+    _assert_close_grads(g_padded, g_packed)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunked_loss_equals_model_loss(tiny_qwen2, dtype):
+    """supervised_head_loss = the model's own loss, same LoRA gradients, on a packed batch;
+    several chunks are forced so the chunk boundaries are exercised."""
+    from swiftlite.loss import supervised_head_loss, why_unsupported
+    from swiftlite.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    model = _lora_model(tiny_qwen2, dtype)
+    assert why_unsupported(model) is None
+    batch = collator(tok, True)([dict(s) for s in samples])
+    trained = int((batch["labels"][:, 1:] != -100).sum())
+    assert trained > 16
+    model.zero_grad()
+    plain = model(**batch).loss
+    plain.backward()
+    g_plain = _grads(model)
+    model.zero_grad()
+    chunked = supervised_head_loss(model, batch, chunk=7)
+    chunked.backward()
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    assert chunked.item() == pytest.approx(plain.item(), rel=tol)
+    _assert_close_grads(g_plain, _grads(model), rtol=1e-4 if dtype == "float32" else 3e-2)
+    # num_items_in_batch (trained tokens of the whole accumulated batch) sets the denominator
+    model.zero_grad()
+    scaled = supervised_head_loss(model, batch, num_items_in_batch=torch.tensor(3 * trained))
+    assert scaled.item() == pytest.approx(plain.item() / 3, rel=tol)
+
+
+def test_chunked_loss_trains_a_tied_head(tiny_qwen2):
+    """Full fine-tuning: the (tied) LM head weight gets the same gradient as the plain path."""
+    from swiftlite.loss import supervised_head_loss
+    from swiftlite.models.loader import load_model
+    from swiftlite.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    model = load_model(tiny_qwen2, "float32")
+    model.config.use_cache = False
+    model.train()
+    batch = collator(tok, True)([dict(s) for s in samples])
+    model(**batch).loss.backward()
+    g_plain = _grads(model)
+    model.zero_grad()
+    supervised_head_loss(model, batch, chunk=5).backward()
+    _assert_close_grads(g_plain, _grads(model))
+
+
+def _run(tmp_path, name, data, **kw):
+    import swiftlite
+    res = swiftlite.sft(model="tiny-qwen2", dataset=[data], max_steps=2, logging_steps=1,
+                        learning_rate=1e-2, lora_dropout=0.0, warmup_ratio=0.0,
+                        save_strategy="no", report_to="none", output_dir=str(tmp_path / name),
+                        **kw)
+    return [json.loads(line) for line in open(os.path.join(res.output_dir, "logging.jsonl"))
+            if '"loss"' in line]
+
+
+def test_trainer_loss_per_trained_token_across_accumulation(tmp_path, tiny_qwen2, chat_jsonl):
+    """Through the Trainer: batch 4 in one step and batch 2 x 2 accumulation steps see the same
+    samples, so with the loss normalised per trained token over the accumulated batch (not a
+    mean of micro-batch means) they log the same losses and gradient norms; the chunked loss
+    and the model's own loss agree on both."""
+    data = chat_jsonl + "#16"
+    runs = {(bs, ga, cl): _run(tmp_path, f"b{bs}g{ga}{cl}", data, per_device_train_batch_size=bs,
+                               gradient_accumulation_steps=ga, chunked_loss=cl)
+            for bs, ga, cl in [(4, 1, True), (2, 2, True), (2, 2, False)]}
+    ref = runs[(4, 1, True)]
+    assert len(ref) == 2
+    for key, rows in runs.items():
+        for a, b in zip(ref, rows):
+            assert float(b["loss"]) == pytest.approx(float(a["loss"]), rel=1e-4), key
+            assert float(b["grad_norm"]) == pytest.approx(float(a["grad_norm"]), rel=1e-3), key
+
+
+def test_cpu_mixed_precision_keeps_trainables_fp32(tiny_qwen2):
+    """--torch_dtype bfloat16 on CPU: frozen base weights bf16, LoRA weights fp32 (so AdamW's
+    state is fp32 too), and the first loss matches fp32 closely."""
+    from swiftlite.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    batch = collator(tok, True)([dict(s) for s in samples])
+    losses = {}
+    for dtype in ("float32", "bfloat16"):
+        model = _lora_model(tiny_qwen2, dtype)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        frozen = [p for p in model.parameters() if not p.requires_grad]
+        assert {p.dtype for p in trainable} == {torch.float32}
+        assert {p.dtype for p in frozen} == {getattr(torch, dtype)}
+        losses[dtype] = model(**batch).loss.item()
+        if dtype == "bfloat16":
+            opt = torch.optim.AdamW(trainable, lr=1e-3)
+            model(**batch).loss.backward()
+            opt.step()
+            assert all(s["exp_avg"].dtype == torch.float32 for s in opt.state.values())
+    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=1e-2)
+
+
+def test_chunked_loss_flag_off_uses_plain_trainer():
+    from transformers import Trainer
+
+    from swiftlite.trainer import trainer_class
+    assert trainer_class(False) is Trainer
+    assert issubclass(trainer_class(True), Trainer) and trainer_class(True) is not Trainer
+
+
+def test_sft_help_is_instant():
+    """`swiftlite sft --help` imports neither torch nor transformers."""
+    code = ("import sys, swiftlite.cli as c\n"
+            "try:\n    c.main(['sft', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
+    t = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "--chunked_loss" in out.stdout and "--padding_free" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert time.time() - t < 5  # < 1 s on an idle machine; loose here, CI shares the cores
