@@ -97,11 +97,17 @@ def _extra_flags(rest: list[str], parser) -> dict:
     return {k: (v[0] if len(v) == 1 else ("true" if not v else v)) for k, v in out.items()}
 
 
+def _deepspeed_presets() -> str:
+    from .deepspeed import presets_help  # light: reads the preset file names only
+    return presets_help()
+
+
 def sft_main(argv: list[str]) -> None:
     from .arguments import SftArguments
     args = parse_argv(SftArguments, argv, "swiftlite sft", "LoRA supervised fine-tuning.",
                       epilog="Every other transformers TrainingArguments field is accepted as "
-                             "--name value (e.g. --report_to none --eval_strategy no).")
+                             "--name value (e.g. --report_to none --eval_strategy no). "
+                             "--deepspeed presets: " + _deepspeed_presets())
     args.validate()
     from .launch import maybe_relaunch
     maybe_relaunch(args)

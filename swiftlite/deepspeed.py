@@ -34,8 +34,9 @@ def preset_names() -> list[str]:
 
 
 def presets_help() -> str:
-    """One line per preset, for `swiftlite sft --help`."""
-    return "\n".join(f"  {name:<14} {PRESET_DESCRIPTIONS.get(name, '')}" for name in preset_names())
+    """The presets and what each partitions, for `swiftlite sft --help` (argparse reflows it)."""
+    return "; ".join(f"{name}: {PRESET_DESCRIPTIONS.get(name, 'shipped preset')}"
+                     for name in preset_names()) + "."
 
 
 def load_config(value) -> dict:
@@ -79,29 +80,54 @@ def zero_stage(config: dict) -> int:
 
 
 def resolve(args, hw) -> dict | None:
-    """The config for args.deepspeed ("auto" asks `swiftlite estimate` for a preset)."""
+    """The config for args.deepspeed; "auto" takes `swiftlite estimate`'s recommendation
+    (None when it says plain training fits)."""
     if not args.deepspeed:
         return None
     value = args.deepspeed
     if isinstance(value, str) and value.strip() == "auto":
-        value = _recommended_preset(args, hw)
+        value = recommended_preset(args, hw)
+        if value is None:
+            return None
     return load_config(value)
 
 
-def _recommended_preset(args, hw) -> str:
+def recommended_preset(args, hw) -> str | None:
+    """The fastest preset that fits this hardware per `swiftlite estimate` (None: no
+    DeepSpeed needed). Memory figures come from the devices actually present."""
     try:
         from .pipelines.estimate import recommend
     except ImportError:
         raise UsageError("--deepspeed auto needs `swiftlite estimate`, which this installation "
                          f"lacks; choose a preset: {', '.join(preset_names())}.") from None
-    from .distributed import world_size
-    choice = recommend(args, hw, world_size())
-    name = getattr(choice, "deepspeed", choice)
-    if name in (None, "", "none"):
-        info("--deepspeed auto: the estimate says plain training fits; using zero0")
-        name = "zero0"
-    info(f"--deepspeed auto: using preset {name} (see `swiftlite estimate`)")
-    return name
+    import psutil
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    nodes = max(1, int(os.environ.get("WORLD_SIZE", "1")) // local)
+    host = psutil.virtual_memory().total
+    device_memory = _device_memory(hw) or host // local  # CPU-only: the host's share
+    from .hardware import resolve_dtype
+    choice = recommend(args.model, gpus=local, nodes=nodes, gpu_memory=device_memory,
+                       cpu_memory=host, train_type=args.train_type, max_length=args.max_length,
+                       batch_size=args.per_device_train_batch_size,
+                       torch_dtype=resolve_dtype(args.torch_dtype, hw), lora_rank=args.lora_rank,
+                       target_modules=tuple(args.target_modules))
+    if not choice.fits:
+        raise UsageError(f"--deepspeed auto: no configuration fits ({choice.reason}). See "
+                         f"`swiftlite estimate --model {args.model}`.")
+    if choice.gradient_checkpointing and not args.gradient_checkpointing:
+        from .log import warn
+        warn("--deepspeed auto: the estimate needs --gradient_checkpointing true to fit.")
+    info(f"--deepspeed auto: {choice.deepspeed or 'no DeepSpeed'} ({choice.reason})")
+    return choice.deepspeed
+
+
+def _device_memory(hw) -> int | None:
+    import torch
+    if hw.device == "cuda":
+        return torch.cuda.get_device_properties(0).total_memory
+    if hw.device == "npu":
+        return torch.npu.get_device_properties(0).total_memory
+    return None
 
 
 def training_kwargs(args, hw) -> dict:
@@ -149,11 +175,11 @@ def saved_world_size(ckpt_dir: str) -> int | None:
     return len(ranks)
 
 
-def check_resume(ckpt_dir: str) -> None:
+def check_resume(ckpt_dir: str, world: int | None = None) -> None:
     """Stop before any work when a ZeRO checkpoint was written by another number of
     processes: its optimizer shards cannot be re-partitioned on load."""
     from .distributed import world_size
-    saved, now = saved_world_size(ckpt_dir), world_size()
+    saved, now = saved_world_size(ckpt_dir), world or world_size()
     if saved is not None and saved != now:
         raise UsageError(
             f"--resume_from_checkpoint {ckpt_dir}: this ZeRO checkpoint was written by {saved} "

@@ -91,6 +91,11 @@ def maybe_relaunch(args) -> None:
     os.environ.setdefault(COMMAND_ENV, user_command(argv, os.environ))
     info("command: " + os.environ[COMMAND_ENV])
     cmd = torchrun_command(argv, os.environ)
+    if args.deepspeed and args.resume_from_checkpoint:
+        # Refuse a ZeRO resume with another process count before any worker starts.
+        from .deepspeed import check_resume
+        nproc = int(cmd[3].split("=")[1]) if cmd else 1
+        check_resume(args.resume_from_checkpoint, nproc * int(os.environ.get("NNODES") or 1))
     if cmd is None:
         return
     env = dict(os.environ)

@@ -1,0 +1,114 @@
+"""Compare `swiftlite estimate` with the measured peak memory of real CPU training runs.
+
+Each run is a child process: it imports torch/transformers/peft, records its resident memory
+(the baseline), trains a few steps with `swiftlite.sft` on samples cut to exactly
+--max_length tokens, and reports its peak resident memory (ru_maxrss). On a CPU the
+"device" is the process itself, so the measured training memory (peak - baseline) is
+compared with the estimate's per-device total for the "none" row (plain Trainer) in float32.
+
+    .venv/bin/python scripts/estimate_vs_measured.py            # all runs, a markdown table
+    .venv/bin/python scripts/estimate_vs_measured.py --runs tiny-qwen2:lora:ckpt
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+RUNS = ["tiny-qwen2:lora:ckpt", "tiny-qwen2:full:ckpt", "tiny-qwen2:lora:no",
+        "SmolLM2-135M-Instruct:lora:ckpt", "SmolLM2-135M-Instruct:full:ckpt",
+        "SmolLM2-135M-Instruct:lora:no", "SmolLM2-135M-Instruct:full:no"]
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith("VmRSS"))
+    return int(line.split()[1]) * 1024
+
+
+def write_long_samples(path: str, n: int) -> str:
+    """Conversations whose reply is far longer than any --max_length used here, so that
+    --truncation_strategy right makes every sample exactly --max_length tokens."""
+    words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly "
+             "judge boxing matches in the park ").split()
+    with open(path, "w", encoding="utf-8") as f:
+        for k in range(n):
+            reply = " ".join(words[(k + j) % len(words)] for j in range(3000))
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Story {k}?"},
+                                             {"role": "assistant", "content": reply}]}) + "\n")
+    return path
+
+
+def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, steps: int,
+          out: str) -> dict:
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import swiftlite
+    from swiftlite.models.builtin import build
+    build(model)  # built and cached before the baseline, like any local model folder
+    data = write_long_samples(os.path.join(out, "long.jsonl"), batch * steps)
+    base = rss_bytes()
+    swiftlite.sft(model=model, dataset=[data], train_type=train_type, max_length=max_length,
+                  truncation_strategy="right", per_device_train_batch_size=batch,
+                  gradient_accumulation_steps=1, max_steps=steps, gradient_checkpointing=ckpt,
+                  torch_dtype="float32", logging_steps=1, save_steps=10_000, output_dir=out,
+                  report_to="none", load_from_cache_file=False)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"baseline": base, "peak": peak, "measured": peak - base}
+
+
+def estimated(model: str, train_type: str, ckpt: bool, max_length: int, batch: int) -> int:
+    from swiftlite.memory import estimate, model_spec, read_config
+    name, config = read_config(model)
+    spec = model_spec(name, config, train_type)
+    row = estimate(spec, dtype="float32", train_type=train_type, max_length=max_length,
+                   batch_size=batch)[0]
+    assert row.stage == "none"
+    return row.gpu_total if ckpt else row.gpu_total_no_ckpt
+
+
+def measure(run: str, max_length: int, batch: int, steps: int) -> dict:
+    model, train_type, ckpt = run.split(":")
+    with tempfile.TemporaryDirectory() as out:
+        r = subprocess.run([sys.executable, __file__, "--child", run, "--max_length",
+                            str(max_length), "--batch", str(batch), "--steps", str(steps),
+                            "--out", out], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{run} failed:\n{r.stderr[-3000:]}")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    est = estimated(model, train_type, ckpt == "ckpt", max_length, batch)
+    return {"run": run, **got, "estimated": est,
+            "error_pct": round(100 * (est - got["measured"]) / got["measured"], 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", nargs="+", default=RUNS)
+    p.add_argument("--max_length", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--child")
+    p.add_argument("--out")
+    a = p.parse_args()
+    if a.child:
+        model, train_type, ckpt = a.child.split(":")
+        print(json.dumps(child(model, train_type, ckpt == "ckpt", a.max_length, a.batch,
+                               a.steps, a.out)))
+        return
+    print(f"micro-batch {a.batch} x {a.max_length} tokens, {a.steps} steps, float32, CPU\n")
+    print("| run (model:train_type:checkpointing) | measured MiB | estimated MiB | error |")
+    print("| --- | ---: | ---: | ---: |")
+    for run in a.runs:
+        m = measure(run, a.max_length, a.batch, a.steps)
+        print(f"| {run} | {m['measured'] / 2**20:,.0f} | {m['estimated'] / 2**20:,.0f} | "
+              f"{m['error_pct']:+.1f}% |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""DeepSpeed presets and real ZeRO runs: 2 processes with gloo on this CPU, tiny-qwen2.
+
+Every 2-process run costs start-up time (imports, DeepSpeed init), so each one is shared by
+several tests through a module-scoped fixture, and each goes through a different launcher:
+plain torchrun (ZeRO-0), two "nodes" by env vars (ZeRO-1), the `deepspeed` launcher (ZeRO-2),
+torchrun with a weight-capturing callback (ZeRO-3), NPROC_PER_NODE (offload, full FT, resume).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, run_cli
+
+from swiftlite import deepspeed as ds
+from swiftlite.errors import UsageError
+
+BIN = os.path.dirname(sys.executable)
+# Same global batch (4) in every run: 1 process x 4, or 2 processes x 2. No dropout, so the
+# single-process run and the 2-process runs compute the same thing.
+TRAIN = ["--model", "tiny-qwen2", "--dataset", "self-cognition#32", "--max_steps", "4",
+         "--gradient_accumulation_steps", "1", "--logging_steps", "1", "--lora_dropout", "0",
+         "--learning_rate", "5e-3", "--report_to", "none"]
+TOL = 1e-4  # measured differences are ~2e-6 (float summation order across ranks)
+
+
+# -- presets and config loading (fast) ---------------------------------------------------------
+def test_presets_are_shipped_and_leave_values_to_the_trainer():
+    names = ds.preset_names()
+    assert names == sorted(["zero0", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"])
+    for name in names:
+        config = ds.load_config(name)
+        assert ds.zero_stage(config) == int(name[4])
+        for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                    "gradient_clipping", "train_batch_size"):
+            assert config[key] == "auto", (name, key)
+        assert config["bf16"]["enabled"] == config["fp16"]["enabled"] == "auto"
+        if name.endswith("offload"):
+            assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+            assert set(config["optimizer"]["params"].values()) == {"auto"}
+        if name.startswith("zero3"):
+            assert config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"]
+    assert "offload_param" in ds.load_config("zero3_offload")["zero_optimization"]
+
+
+def test_config_from_file_inline_json_and_dict(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "train_batch_size": "auto"}))
+    assert ds.zero_stage(ds.load_config(str(path))) == 2
+    assert ds.zero_stage(ds.load_config('{"zero_optimization": {"stage": 3}}')) == 3
+    given = {"zero_optimization": {"stage": 1}}
+    loaded = ds.load_config(given)
+    loaded["zero_optimization"]["stage"] = 0
+    assert given["zero_optimization"]["stage"] == 1  # the caller's dict is never filled in
+
+
+@pytest.mark.parametrize("value, words", [
+    ("zero4", ["not a preset and no such file", "zero2_offload", "zero3"]),
+    ('{"zero_optimization": {"stage": 2}', ["malformed JSON", "line 1", "zero0"]),
+    ("[1, 2]", ["not a preset"]),
+    ('{"zero_optimization": {"stage": 5}}', ["stage must be 0, 1, 2 or 3"]),
+])
+def test_bad_deepspeed_values_name_the_presets(value, words):
+    with pytest.raises(UsageError) as e:
+        ds.load_config(value)
+    for word in words:
+        assert word in str(e.value), str(e.value)
+
+
+def test_malformed_json_file_names_the_file_and_line(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{\n  "zero_optimization": {"stage": 2,}\n}\n')
+    with pytest.raises(UsageError, match=r"broken.json: malformed JSON at line 2"):
+        ds.load_config(str(path))
+
+
+def test_sft_help_lists_presets_and_bad_preset_is_a_usage_error(tmp_path):
+    out = run_cli("sft", "--help").stdout
+    for name in ds.preset_names():
+        assert name in out
+    r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#4",
+                "--deepspeed", "zero9", "--output_dir", tmp_path, check=False)
+    assert r.returncode == 2 and "zero9: not a preset" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not os.listdir(tmp_path)
+
+
+def test_deepspeed_auto_takes_the_estimate_recommendation(tiny_qwen2, monkeypatch):
+    """Same answer as `swiftlite estimate` for the devices present (here: this CPU)."""
+    import psutil
+    from swiftlite.arguments import SftArguments
+    from swiftlite.hardware import Hardware
+    from swiftlite.pipelines.estimate import recommend
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    hw = Hardware("cpu", "cpu")
+    for train_type in ("lora", "full"):
+        args = SftArguments(model="tiny-qwen2", dataset=["x"], deepspeed="auto",
+                            train_type=train_type)
+        ram = psutil.virtual_memory().total
+        want = recommend("tiny-qwen2", gpus=2, nodes=1, gpu_memory=ram // 2, cpu_memory=ram,
+                         train_type=train_type, torch_dtype="float32").deepspeed
+        got = ds.resolve(args, hw)
+        assert (got is None) if want is None else got == ds.load_config(want)
+
+
+# -- real 2-process runs -----------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(**extra) -> dict:
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""),
+           "MODEL": "tiny-qwen2", "DATASET": "self-cognition#32", "OMP_NUM_THREADS": "1"}
+    for key in ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "SWIFTLITE_RUN_DIR", "SWIFTLITE_COMMAND", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(cmd, env, timeout=600):
+    r = subprocess.run([str(c) for c in cmd], env=env, cwd=REPO, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, f"{cmd} exited {r.returncode}\n{r.stderr[-6000:]}"
+    return r
+
+
+def the_run_dir(output_dir) -> str:
+    """The one run folder under output_dir (all ranks must have agreed on it)."""
+    runs = sorted(d for d in os.listdir(output_dir) if d.startswith("v"))
+    assert len(runs) == 1, runs
+    return os.path.join(output_dir, runs[0])
+
+
+def losses(run_dir) -> list[tuple[int, float, float]]:
+    with open(os.path.join(run_dir, "logging.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in rows if "loss" in r]
+
+
+def assert_same_losses(got, want, tol=TOL):
+    assert [s for s, _, _ in got] == [s for s, _, _ in want]
+    for (step, loss, gnorm), (_, loss0, gnorm0) in zip(got, want):
+        assert abs(loss - loss0) <= tol * max(1.0, abs(loss0)), (step, loss, loss0)
+        assert abs(gnorm - gnorm0) <= tol * max(1.0, abs(gnorm0)), (step, gnorm, gnorm0)
+
+
+@pytest.fixture(scope="module")
+def single(tiny_qwen2, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single")
+    run_cli("sft", *TRAIN, "--per_device_train_batch_size", "4", "--save_steps", "4",
+            "--output_dir", out, env=child_env())
+    return losses(the_run_dir(out))
+
+
+@pytest.fixture(scope="module")
+def zero3_run(tiny_qwen2, tmp_path_factory):
+    """ZeRO-3 LoRA under plain torchrun; checkpoints at 2 and 4, in-memory adapters captured."""
+    out, capture = tmp_path_factory.mktemp("zero3"), tmp_path_factory.mktemp("capture")
+    run([os.path.join(BIN, "torchrun"), "--nproc_per_node", 2, "--master_port", free_port(),
+         os.path.join(REPO, "tests", "zero3_capture.py"), capture, "sft", *TRAIN,
+         "--per_device_train_batch_size", "2", "--save_steps", "2", "--deepspeed", "zero3",
+         "--output_dir", out], child_env())
+    return the_run_dir(out), str(capture)
+
+
+@pytest.mark.slow
+def test_zero0_plain_torchrun_matches_single_process(single, tmp_path):
+    run(["bash", "scripts/multi_gpu_torchrun.sh", "--per_device_train_batch_size", "2",
+         "--save_steps", "100", *TRAIN[4:]],
+        child_env(DEEPSPEED="zero0", NPROC_PER_NODE=2, MASTER_PORT=free_port(),
+                  OUTPUT_DIR=tmp_path))
+    assert_same_losses(losses(the_run_dir(tmp_path)), single)
+
+
+@pytest.mark.slow
+def test_zero1_two_nodes_by_env_vars_train_together(single, tmp_path):
+    """NNODES=2 on one machine: two commands (node ranks 0 and 1), one process each."""
+    port = free_port()
+    procs = [subprocess.Popen(["bash", "scripts/two_nodes.sh", "--per_device_train_batch_size",
+                               "2", "--save_steps", "100", *TRAIN[4:]], cwd=REPO,
+                              env=child_env(NODE_RANK=rank, MASTER_ADDR="127.0.0.1",
+                                            MASTER_PORT=port, NPROC_PER_NODE=1,
+                                            DEEPSPEED="zero1", OUTPUT_DIR=tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-6000:]
+    run_dir = the_run_dir(tmp_path)
+    assert_same_losses(losses(run_dir), single)
+    command = json.load(open(os.path.join(run_dir, "args.json")))["command"]
+    assert command.startswith("NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1") and "zero1" in command
+
+
+@pytest.mark.slow
+def test_zero2_deepspeed_launcher_matches_single_process(single, tmp_path):
+    run(["bash", "scripts/deepspeed_launcher.sh", "--per_device_train_batch_size", "2",
+         "--save_steps", "100", *TRAIN[4:]],
+        child_env(DEEPSPEED="zero2", DS_ARGS="--num_gpus 2", MASTER_PORT=free_port(),
+                  OUTPUT_DIR=tmp_path))
+    assert_same_losses(losses(the_run_dir(tmp_path)), single)
+
+
+@pytest.mark.slow
+def test_zero3_matches_single_process(zero3_run, single):
+    assert_same_losses(losses(zero3_run[0]), single)
+
+
+@pytest.mark.slow
+def test_zero3_lora_checkpoints_are_complete(zero3_run):
+    """Every saved adapter tensor is non-empty and equals the gathered in-memory value."""
+    import torch
+    from safetensors.torch import load_file
+    run_dir, capture = zero3_run
+    for step in (2, 4):
+        saved = load_file(os.path.join(run_dir, f"checkpoint-{step}", "adapter_model.safetensors"))
+        memory = load_file(os.path.join(capture, f"step{step}.safetensors"))
+        assert saved.keys() == memory.keys() and len(saved) == 2 * 7 * 2  # A, B x 7 x 2 layers
+        for name, tensor in saved.items():
+            assert tensor.numel() > 0 and tensor.shape == memory[name].shape, name
+            assert torch.equal(tensor, memory[name]), name
+        assert any(t.abs().sum() > 0 for n, t in saved.items() if "lora_B" in n)  # trained
+
+
+@pytest.mark.slow
+def test_zero3_resume_same_world_size_continues_exactly(zero3_run, tmp_path):
+    run_dir, _ = zero3_run
+    run([sys.executable, "-m", "swiftlite.cli", "sft", *TRAIN, "--per_device_train_batch_size",
+         "2", "--save_steps", "100", "--deepspeed", "zero3", "--output_dir", tmp_path,
+         "--resume_from_checkpoint", os.path.join(run_dir, "checkpoint-2")],
+        child_env(NPROC_PER_NODE=2, MASTER_PORT=free_port()))
+    resumed = losses(the_run_dir(tmp_path))
+    assert [s for s, _, _ in resumed] == [3, 4]
+    assert_same_losses(resumed, losses(run_dir)[2:])
+
+
+@pytest.mark.slow
+def test_zero3_resume_with_other_world_size_stops_clearly(zero3_run, tmp_path):
+    ckpt = os.path.join(zero3_run[0], "checkpoint-2")
+    assert ds.saved_world_size(ckpt) == 2
+    r = run_cli("sft", *TRAIN, "--deepspeed", "zero3", "--output_dir", tmp_path,
+                "--resume_from_checkpoint", ckpt, env=child_env(), check=False)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "written by 2 processes and this run has 1" in r.stderr and "Traceback" not in r.stderr
+    assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_zero3_checkpoint_merges_and_answers(zero3_run, tmp_path):
+    import swiftlite
+    merged = swiftlite.merge_lora(os.path.join(zero3_run[0], "checkpoint-4"),
+                                  output_dir=str(tmp_path / "merged"))
+    assert os.path.exists(os.path.join(merged, "config.json"))
+    answer = swiftlite.infer(ckpt_dir=merged, query="Who are you?", max_new_tokens=8)
+    assert isinstance(answer, str)
+
+
+@pytest.mark.slow
+def test_zero2_offload_runs_and_learns_like_adamw(single, tmp_path):
+    """offload_optimizer: cpu runs DeepSpeed's CPU Adam (JIT-built once, ~70 s, then cached)."""
+    run_cli("sft", *TRAIN, "--per_device_train_batch_size", "2", "--save_steps", "100",
+            "--deepspeed", "zero2_offload", "--output_dir", tmp_path,
+            env=child_env(NPROC_PER_NODE=2, MASTER_PORT=free_port()))
+    # Another Adam implementation: same steps, equal up to rounding of its own arithmetic.
+    assert_same_losses(losses(the_run_dir(tmp_path)), single, tol=1e-3)
+
+
+@pytest.mark.slow
+def test_zero3_full_fine_tuning_consolidates_to_a_plain_model(tiny_qwen2, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    run_cli("sft", *TRAIN[:4], "--max_steps", "2", "--save_steps", "2", "--train_type", "full",
+            "--per_device_train_batch_size", "2", "--learning_rate", "1e-3", "--report_to",
+            "none", "--deepspeed", "zero3", "--output_dir", tmp_path / "run",
+            env=child_env(NPROC_PER_NODE=2, MASTER_PORT=free_port()))
+    ckpt = os.path.join(the_run_dir(tmp_path / "run"), "checkpoint-2")
+    out = ds.consolidate(ckpt, str(tmp_path / "plain"))
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32).state_dict()
+    gathered = load_file(os.path.join(ckpt, "model.safetensors"))  # the Trainer's 16-bit gather
+    state = model.state_dict()
+    for name, tensor in gathered.items():
+        assert torch.allclose(state[name], tensor.float(), atol=1e-6), name
+    assert any(not torch.equal(state[n], base[n]) for n in base)  # the weights were trained
+    with pytest.raises(UsageError, match="no ZeRO checkpoint"):
+        ds.consolidate(out)  # a plain model folder has nothing to consolidate
