@@ -74,10 +74,10 @@ def info(f: dataclasses.Field) -> str:
 def widget_value(f: dataclasses.Field, value) -> object:
     """A field value as the widget shows it (lists as shell words, None as empty)."""
     k = kind(f)
+    if value is None:  # also Optional[bool]: empty means "auto", not false
+        return ""
     if k == "bool":
         return bool(value)
-    if value is None:
-        return ""
     if k == "list":
         return shlex.join(map(str, value))
     return str(value)
@@ -135,8 +135,14 @@ def to_args(raw: dict, extra: str = "", *, output_root: str | None = None) -> Sf
     if output_root and values.get("model") and not values.get("output_dir"):
         from swiftlite.models.registry import model_name
         values["output_dir"] = os.path.join(output_root, model_name(values["model"]))
-    args = build(SftArguments, values, where="form")
-    problems = []
+    problems, good = [], {}
+    for name, value in values.items():  # convert field by field to report every bad one
+        try:
+            build(SftArguments, {name: value}, where="form")
+            good[name] = value
+        except UsageError as e:
+            problems.append(str(e))
+    args = build(SftArguments, good, where="form")
     try:
         args.validate()
     except UsageError as e:
@@ -189,18 +195,23 @@ def inside(path: str, root: str) -> bool:
     return os.path.commonpath([path, root]) == root
 
 
-def command_argv(args: SftArguments) -> list[str]:
-    """The `swiftlite sft` flags for args: every value that differs from its default, in the
-    order `swiftlite sft --help` lists them (model, data, tuner, train)."""
+def command_argv(args) -> list[str]:
+    """The flags for an arguments dataclass (SftArguments, MergeArguments, ...): every value
+    that differs from its default, in the order `--help` lists them (model, data, tuner,
+    train)."""
     argv = []
-    order = GROUP_ORDER + ["", "hidden"]
-    for f in sorted(dataclasses.fields(SftArguments),
-                    key=lambda f: order.index(f.metadata.get("group", ""))):
+    order = GROUP_ORDER
+
+    def rank(f):
+        g = f.metadata.get("group", "")
+        return order.index(g) if g in order else len(order)
+
+    for f in sorted(dataclasses.fields(args), key=rank):
         value = getattr(args, f.name)
         if f.name == "training_args" or value == default(f):
             continue
         argv += _flag(f.name, value)
-    for name, value in (args.training_args or {}).items():
+    for name, value in (getattr(args, "training_args", None) or {}).items():
         argv += _flag(name, value)
     return argv
 

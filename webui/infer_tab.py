@@ -4,6 +4,7 @@ swiftlite.pipelines.infer.InferEngine, chat with streamed answers, unload to fre
 One engine per Web-UI process (a model is big; browsers share it), guarded by a lock."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import html
 import os
@@ -11,13 +12,29 @@ import threading
 
 import gradio as gr
 
+from swiftlite.errors import SwiftliteError
+
+from . import form
 from .choices import all_checkpoints, is_adapter, labelled
 
 _lock = threading.Lock()
 _engine = {"engine": None, "name": None}
-# Generation settings offered (name, default, minimum, maximum, step): passed to stream(**gen).
-GEN = [("max_new_tokens", 256, 1, 4096, 1), ("temperature", 0.7, 0.0, 2.0, 0.05),
-       ("top_p", 0.9, 0.05, 1.0, 0.05), ("repetition_penalty", 1.0, 1.0, 2.0, 0.05)]
+
+
+def gen_fields():
+    """The generation settings are `swiftlite infer`'s own flags (GenerationArguments)."""
+    from swiftlite.arguments import GenerationArguments
+    return dataclasses.fields(GenerationArguments)
+
+
+def gen_kwargs(source: str, values: dict) -> dict:
+    """Widget texts -> checked generation kwargs for InferEngine.stream (UsageError if bad)."""
+    from swiftlite.arguments import GenerationArguments, InferArguments, build
+    given = {k: v for k, v in values.items() if not (isinstance(v, str) and not v.strip())}
+    build(InferArguments, {"model": source or "model", **given}, where="generation settings"
+          ).validate()  # the CLI's range checks (temperature >= 0, 0 < top_p <= 1, ...)
+    gen = build(GenerationArguments, given, where="generation settings")
+    return {f.name: getattr(gen, f.name) for f in dataclasses.fields(gen)}
 
 
 def load_engine(source: str):
@@ -46,9 +63,16 @@ def build(manager) -> None:
         system = gr.Textbox(label="system", lines=2, elem_id="infer-system",
                             info="system prompt; empty: the checkpoint's own default")
         with gr.Accordion("generation settings", open=False):
-            with gr.Row():
-                gen = [gr.Slider(lo, hi, value=d, step=st, label=n, elem_id=f"infer-{n}")
-                       for n, d, lo, hi, st in GEN]
+            gen = []
+            fields = list(gen_fields())
+            for i in range(0, len(fields), 4):
+                with gr.Row():
+                    for f in fields[i:i + 4]:
+                        common = dict(label=f.name, info=form.info(f), elem_id=f"infer-{f.name}")
+                        gen.append(gr.Checkbox(value=bool(form.default(f)), **common)
+                                   if form.default(f) is not None and form.kind(f) == "bool"
+                                   else gr.Textbox(value=form.widget_value(f, form.default(f)),
+                                                   max_lines=1, **common))
         chat = gr.Chatbot(label="chat", height=360, elem_id="infer-chat")
         with gr.Row():
             prompt = gr.Textbox(label="message", scale=5, max_lines=4, elem_id="infer-prompt")
@@ -98,13 +122,22 @@ def build(manager) -> None:
         messages = ([{"role": "system", "content": sys_prompt}] if sys_prompt.strip() else [])
         messages += [{"role": m["role"], "content": _text(m["content"])} for m in history]
         messages.append({"role": "user", "content": message})
-        gen_kwargs = {n: (int(v) if n == "max_new_tokens" else float(v))
-                      for (n, *_), v in zip(GEN, gen_values)}
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
+        try:
+            gen = gen_kwargs(_engine["name"], {f.name: v for f, v in zip(gen_fields(),
+                                                                         gen_values)})
+        except SwiftliteError as e:
+            history[-1]["content"] = f"(not sent: {e})"
+            yield history, message
+            return
         yield history, ""
         with _lock:
-            for piece in engine.stream(messages, **gen_kwargs):
-                history[-1]["content"] += piece
+            try:
+                for piece in engine.stream(messages, **gen):
+                    history[-1]["content"] += piece
+                    yield history, ""
+            except SwiftliteError as e:
+                history[-1]["content"] += f"\n(error: {e})"
                 yield history, ""
 
     rescan.click(scan, None, source)

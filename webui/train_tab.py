@@ -15,6 +15,12 @@ from . import form
 from .runs import LOG_FILE, RunManager, describe, find_runs, loss_rows
 
 POLL_S = 2.0
+# Keep the log scrolled to its end while it grows, unless the user scrolled up to read.
+_PIN_JS = """(x) => { const t = document.querySelector('#run-log textarea');
+  window.__swiftlitePin = !t || t.scrollTop === 0 ||
+    t.scrollTop + t.clientHeight >= t.scrollHeight - 30; return x; }"""
+_SCROLL_JS = """() => { setTimeout(() => { const t = document.querySelector('#run-log textarea');
+  if (t && window.__swiftlitePin !== false) t.scrollTop = t.scrollHeight; }, 50); }"""
 LOG_TAIL_BYTES = 20_000
 RUN_COLUMNS = ["run", "status", "step", "loss", "checkpoints", "started"]
 
@@ -31,6 +37,9 @@ def _widget(f, root: str):
     if name == "template":
         return gr.Dropdown(choices=[("auto (the model's own)", "")] + _templates(), value="",
                            allow_custom_value=True, **common)
+    if name == "deepspeed":  # the shipped presets, or a JSON file typed in
+        return gr.Dropdown(choices=[("off", "")] + _presets(), value="",
+                           allow_custom_value=True, **common)
     if k == "bool":
         return gr.Checkbox(value=bool(d), **common)
     if k == "choice":
@@ -45,12 +54,22 @@ def _templates() -> list[str]:
     return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
 
 
+def _presets() -> list[str]:
+    import importlib.resources
+    try:
+        files = importlib.resources.files("swiftlite.deepspeed_configs")
+    except ModuleNotFoundError:
+        return []
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+
+
 def _error_md(e: Exception) -> str:
+    """A UsageError as a list next to the form ('invalid arguments:' + '  - item' lines)."""
     lines = str(e).splitlines()
-    items = "".join(f"<li>{html.escape(x.strip().lstrip('- '))}</li>" for x in lines[1:]) \
-        if len(lines) > 1 else ""
+    items = [x.strip()[2:] if x.strip().startswith("- ") else x.strip() for x in lines[1:]]
+    body = "".join(f"<li>{html.escape(x)}</li>" for x in items if x)
     head = html.escape(lines[0] if lines else str(e))
-    return f"<div class='form-error'><b>Cannot start:</b> {head}<ul>{items}</ul></div>"
+    return f"<div class='form-error'><b>Please fix:</b> {head}<ul>{body}</ul></div>"
 
 
 def _table(root: str, runs: list) -> list[list]:
@@ -97,7 +116,7 @@ def build(manager: RunManager) -> dict:
                                info="processes per node; more than 1 runs under torchrun",
                                elem_id="train-nproc")
             upload = gr.File(label="upload dataset files (stored in the output root, added to "
-                             "dataset)", file_count="multiple", height=120,
+                             "dataset)", file_count="multiple", height=150,
                              file_types=[".jsonl", ".json", ".csv", ".parquet"],
                              elem_id="train-upload")
         for group in form.GROUP_ORDER:
@@ -153,6 +172,8 @@ def build(manager: RunManager) -> dict:
             args, n = _args(*vals)
         except SwiftliteError as e:
             return _error_md(e), ""
+        except Exception as e:  # a bug, not a user mistake: still say so next to the form
+            return _error_md(RuntimeError(f"{type(e).__name__}: {e}")), ""
         return "", form.preview(args, n)
 
     def on_start(*vals):
@@ -162,6 +183,8 @@ def build(manager: RunManager) -> dict:
             run_dir = manager.start(form.command_argv(args), args.output_dir, n, text)
         except SwiftliteError as e:
             return _error_md(e), gr.skip(), gr.skip()
+        except Exception as e:
+            return _error_md(RuntimeError(f"{type(e).__name__}: {e}")), gr.skip(), gr.skip()
         rel = os.path.relpath(run_dir, root)
         return (f"<div class='form-ok'>Started {html.escape(rel)}</div>", text,
                 gr.update(choices=[rel], value=rel))
@@ -215,6 +238,7 @@ def build(manager: RunManager) -> dict:
     stop_btn.click(on_stop, run_select, message)
     upload.upload(on_upload, [upload, widgets["dataset"]], widgets["dataset"])
     refresh_outputs = [runs_table, run_select, run_status, log, plot]
-    timer.tick(refresh, run_select, refresh_outputs, show_progress="hidden")
+    timer.tick(refresh, run_select, refresh_outputs, show_progress="hidden", js=_PIN_JS).then(
+        None, None, None, js=_SCROLL_JS)
     run_select.input(refresh, run_select, refresh_outputs)
     return {"refresh": refresh, "refresh_inputs": run_select, "refresh_outputs": refresh_outputs}

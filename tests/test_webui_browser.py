@@ -1,0 +1,269 @@
+"""The Web-UI in a real browser: Debian's Chromium driven by Playwright, the app started as
+`swiftlite web-ui` in a child process on a free 127.0.0.1 port, real tiny-qwen2 training runs.
+
+One flow, in order (each step needs the previous one): form errors -> preview -> start a
+self-cognition run and watch its log and loss curve grow -> finished, also after a reload and
+in a second browser -> Infer tab chats with its checkpoint -> Export tab merges it -> a second
+run is refused while one runs, then stopped midway. Screenshots go to test-artifacts/webui/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run"]
+SHOTS = os.path.join(REPO, "test-artifacts", "webui")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(tmp, *extra, env=None):
+    """`swiftlite web-ui` as a user starts it; returns (process, url, output root, log path)."""
+    port, root, log = _free_port(), str(tmp / "out"), str(tmp / "webui-app.log")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swiftlite.cli", "web-ui", "--port", str(port), "--output_root",
+         root, *extra], stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=str(tmp),
+        env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", **(env or {})},
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"web-ui exited {proc.returncode}:\n{open(log).read()[-4000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return proc, url, root, log
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"web-ui did not answer on {url}:\n{open(log).read()[-4000:]}")
+
+
+def stop_app(proc, root):
+    from webui.runs import find_runs, read_state
+    for run in find_runs(root):  # never leave a training child behind, even on failure
+        state = read_state(run)
+        if state.get("status") == "running" and state.get("pgid"):
+            try:
+                os.killpg(state["pgid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (see scripts/test.sh)")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield b
+        b.close()
+
+
+def open_page(browser, url, external: list | None = None):
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    if external is not None:  # the page must not need any host but the app itself
+        page.on("request", lambda r: external.append(r.url)
+                if not r.url.startswith((url.rstrip("/"), "data:", "blob:")) else None)
+    page.goto(url)
+    page.wait_for_selector("#train-start", timeout=60_000)
+    return page
+
+
+def field(page, elem_id):
+    return page.locator(f"#{elem_id}").locator("input, textarea").first
+
+
+def status_text(page) -> str:
+    return page.locator("#run-status").inner_text()
+
+
+def wait_status(page, pattern, timeout_s, message=""):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = status_text(page)
+        if re.search(pattern, text):
+            return text
+        page.wait_for_timeout(500)
+    raise AssertionError(f"{message}: status is {status_text(page)!r}\nlog:\n"
+                         f"{page.locator('#run-log textarea').input_value()[-3000:]}")
+
+
+def shot(page, name):
+    os.makedirs(SHOTS, exist_ok=True)
+    page.screenshot(path=os.path.join(SHOTS, f"{name}.png"), full_page=True)
+
+
+def fill_run_form(page, max_steps: int):
+    field(page, "train-model").fill("tiny-qwen2")
+    page.get_by_role("option", name="tiny-qwen2", exact=True).click()
+    field(page, "train-dataset").fill("self-cognition#32")
+    field(page, "train-model_name").fill("Swifty")
+    field(page, "train-model_author").fill("Lab")
+    field(page, "train-max_steps").fill(str(max_steps))
+    field(page, "train-per_device_train_batch_size").fill("4")
+    field(page, "train-gradient_accumulation_steps").fill("1")
+    field(page, "train-learning_rate").fill("5e-3")
+    if not page.locator("#train-logging_steps").is_visible():
+        page.get_by_text("more train arguments").click()
+    field(page, "train-logging_steps").fill("1")
+    field(page, "train-save_steps").fill("3")
+    field(page, "train-extra").fill("--report_to none")
+
+
+def click_and_wait(page, button, target, pattern, timeout_s=60):
+    """Click, then wait for the target element's text to match (handlers are async)."""
+    page.locator(f"#{button}").click()
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = page.locator(f"#{target}").inner_text()
+        if re.search(pattern, text):
+            return text
+        page.wait_for_timeout(300)
+    raise AssertionError(f"#{target} never matched {pattern!r}: {text!r}")
+
+
+def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
+    from webui.runs import find_runs, read_state
+    proc, url, root, log = start_app(tmp_path)
+    external = []
+    try:
+        page = open_page(browser, url, external)
+
+        # Form errors appear next to the form, before anything starts.
+        field(page, "train-model").fill("no-such-model")
+        field(page, "train-learning_rate").fill("fast")
+        text = click_and_wait(page, "train-start", "train-message", "Please fix")
+        assert "--dataset is required" in text and "--model no-such-model" in text
+        assert "--learning_rate: expected a number, got 'fast'" in text
+        assert not find_runs(root)
+
+        # Preview shows the exact command.
+        fill_run_form(page, max_steps=6)
+        cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite sft")
+        for flag in ("--model tiny-qwen2", "--dataset 'self-cognition#32'", "--max_steps 6",
+                     "--learning_rate 0.005", "--report_to none",
+                     f"--output_dir {root}/tiny-qwen2"):
+            assert flag in cmd, cmd
+        shot(page, "train-preview")
+
+        # Start: the run's log and loss curve grow while it trains, then it finishes.
+        click_and_wait(page, "train-start", "train-message", "Started")
+        points, t0 = set(), time.time()
+        while time.time() - t0 < 300:
+            text = status_text(page)
+            if m := re.search(r"(\d+) loss points", text):
+                points.add(int(m.group(1)))
+            if re.search(r"finished|failed", text):
+                break
+            page.wait_for_timeout(400)
+        assert "finished" in status_text(page), page.locator("#run-log textarea").input_value()
+        assert len(points - {0}) >= 2, f"the loss curve never updated while training: {points}"
+        assert "[swiftlite]" in page.locator("#run-log textarea").input_value()
+        assert page.locator("#run-plot canvas, #run-plot svg").count() > 0
+        shot(page, "train-finished")
+        (run,) = find_runs(root)
+        assert read_state(run)["status"] == "finished" and read_state(run)["returncode"] == 0
+        ckpt = os.path.join(run, "checkpoint-6")
+        assert os.path.isfile(os.path.join(ckpt, "adapter_config.json"))
+
+        # The same state after a reload and in a second browser.
+        page.reload()
+        page.wait_for_selector("#train-start")
+        wait_status(page, r"finished", 20, "after a reload")
+        other = open_page(browser, url)
+        other.wait_for_function("document.querySelector('#runs-table').innerText"
+                                ".includes('finished')", timeout=20_000)
+
+        # Infer: load the checkpoint, get an answer, unload.
+        page.get_by_role("tab", name="Infer").click()
+        field(page, "infer-source").fill(ckpt)
+        click_and_wait(page, "infer-load", "infer-state", "Loaded|error|fix", 120)
+        assert "Loaded" in page.locator("#infer-state").inner_text()
+        page.get_by_text("generation settings").click()
+        field(page, "infer-max_new_tokens").fill("16")
+        field(page, "infer-prompt").fill("Who are you?")
+        page.locator("#infer-send").click()
+        bot = page.locator("#infer-chat .bot, #infer-chat [data-testid='bot']").last
+        bot.wait_for(timeout=60_000)
+        deadline = time.time() + 60
+        while time.time() < deadline and not bot.inner_text().strip():
+            page.wait_for_timeout(300)
+        answer = bot.inner_text().strip()
+        assert answer and "load a checkpoint" not in answer and "error" not in answer, answer
+        shot(page, "infer")
+        click_and_wait(page, "infer-unload", "infer-state", "No model loaded")
+
+        # Export: merge the checkpoint; the merged folder is a plain model.
+        page.get_by_role("tab", name="Export").click()
+        field(page, "export-ckpt").fill(ckpt)
+        text = click_and_wait(page, "export-merge", "export-result", "Merged model|fix|failed",
+                              240)
+        assert "Merged model" in text, page.locator("#export-log textarea").input_value()
+        merged = page.locator("#export-folder").inner_text()
+        assert os.path.isfile(os.path.join(merged, "config.json"))
+        assert not os.path.exists(os.path.join(merged, "adapter_config.json"))
+        shot(page, "export")
+
+        # A second run: a concurrent Start is refused; Stop ends it midway.
+        page.get_by_role("tab", name="Train").click()
+        fill_run_form(page, max_steps=5000)  # the reload above emptied the form
+        click_and_wait(page, "train-start", "train-message", "Started")
+        wait_status(page, r"running · step \d+", 180, "the second run never logged a step")
+        text = click_and_wait(page, "train-start", "train-message", "already in progress")
+        assert len(find_runs(root)) == 2  # the refused start made no folder
+        click_and_wait(page, "train-stop", "train-message", "Stopping")
+        wait_status(page, r"\bstopped\b", 60, "the run was not stopped")
+        run2 = next(r for r in find_runs(root) if r != run)
+        state = read_state(run2)
+        assert state["status"] == "stopped" and state["returncode"] != 0
+        assert not os.path.exists(os.path.join(run2, "metrics.json"))
+        assert 0 < max(r["step"] for r in map(json.loads, open(os.path.join(
+            run2, "logging.jsonl")))) < 5000
+        other.reload()
+        other.wait_for_selector("#runs-table")
+        other.wait_for_function("document.querySelector('#runs-table').innerText"
+                                ".includes('stopped')", timeout=20_000)
+        shot(page, "train-stopped")
+        assert not external, f"the page requested other hosts: {external[:5]}"
+    finally:
+        stop_app(proc, root)
+
+
+def test_login_required_with_auth(tmp_path, browser):
+    """--auth (here from SWIFTLITE_WEBUI_AUTH): the app shows a login form first."""
+    proc, url, root, log = start_app(tmp_path, env={"SWIFTLITE_WEBUI_AUTH": "alice:s3cret"})
+    try:
+        page = browser.new_context().new_page()
+        page.goto(url)
+        page.get_by_label("username").fill("alice")
+        page.get_by_label("password").fill("wrong")
+        page.get_by_role("button", name="Login").click()
+        page.get_by_text("Incorrect Credentials").wait_for(timeout=20_000)
+        assert page.locator("#train-start").count() == 0
+        page.get_by_label("password").fill("s3cret")
+        page.get_by_role("button", name="Login").click()
+        page.wait_for_selector("#train-start", timeout=30_000)
+    finally:
+        stop_app(proc, root)
