@@ -1,0 +1,160 @@
+"""merge-lora on real tiny-qwen2 checkpoints: merged logits equal adapter logits, the merged
+folder works with plain transformers, tied embeddings, sharding, dtype, and clear refusals."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run_cli
+
+import swiftlite
+from swiftlite.errors import UsageError
+
+
+def _leftovers(parent: str) -> list[str]:
+    return [d for d in os.listdir(parent) if ".tmp-" in d or ".old-" in d]
+
+
+@pytest.fixture(scope="module")
+def merged(tiny_run):
+    """The CLI merge of the tiny run's last checkpoint (fp32, logit check on)."""
+    ckpt = tiny_run.last_checkpoint
+    r = run_cli("merge-lora", "--ckpt_dir", ckpt)
+    return ckpt, r
+
+
+def test_merge_cli_logits_match_and_folder_is_complete(merged):
+    ckpt, r = merged
+    out = ckpt + "-merged"
+    assert r.stdout.strip().splitlines()[-1] == out  # the merged folder, for scripts
+    diff = float(re.search(r"max \|logit difference\| adapter vs merged: (\S+)", r.stdout).group(1))
+    assert diff < 1e-4
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                 "chat_template.jinja", "swiftlite.json"):
+        assert os.path.exists(os.path.join(out, name)), name
+    saved = json.load(open(os.path.join(out, "swiftlite.json")))
+    assert saved["template"] == "qwen" and saved["is_chat"] is True
+    assert saved["system"] == "You are a helpful assistant."
+    assert not _leftovers(os.path.dirname(out))
+    # A second merge into the same folder is refused, and leaves nothing behind.
+    r2 = run_cli("merge-lora", "--ckpt_dir", ckpt, "--verify", "false", check=False)
+    assert r2.returncode == 2 and "already exists" in r2.stderr and "--exist_ok" in r2.stderr
+    assert "Traceback" not in r2.stderr
+    assert not _leftovers(os.path.dirname(out))
+
+
+PLAIN_SCRIPT = r"""
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path, messages = sys.argv[1], json.loads(sys.argv[2])
+tok = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path)
+prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+ids = tok(prompt, add_special_tokens=False, return_tensors="pt")
+out = model.generate(**ids, max_new_tokens=24, do_sample=False)
+answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+assert not any(m.startswith("swiftlite") for m in sys.modules)
+print(json.dumps({"prompt": prompt, "answer": answer}))
+"""
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}],
+], ids=["default-system", "own-system"])
+def test_merged_model_in_plain_transformers_equals_swiftlite_on_adapter(merged, messages):
+    """No swiftlite import: same prompt string and same greedy answer as the adapter."""
+    ckpt, _ = merged
+    r = subprocess.run([sys.executable, "-c", PLAIN_SCRIPT, ckpt + "-merged",
+                        json.dumps(messages)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    from swiftlite.generate import InferEngine
+    engine = InferEngine.load(ckpt)
+    assert engine.ckpt.kind == "adapter"
+    assert plain["prompt"] == engine.template.render(messages, add_generation_prompt=True)[0]
+    assert plain["answer"] == engine.chat(messages, max_new_tokens=24)
+
+
+def test_sharded_bf16_merge(tiny_run, tmp_path):
+    import torch
+    from safetensors import safe_open
+    out = swiftlite.merge_lora(tiny_run.last_checkpoint, str(tmp_path / "m"), max_shard_size="5MB",
+                               torch_dtype="bfloat16", verify=False)
+    index = json.load(open(os.path.join(out, "model.safetensors.index.json")))
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and all(os.path.exists(os.path.join(out, f)) for f in files)
+    assert json.load(open(os.path.join(out, "config.json")))["dtype"] == "bfloat16"
+    for f in files:  # our streaming writer produces files safetensors itself reads
+        with safe_open(os.path.join(out, f), "pt") as st:
+            for k in st.keys():
+                assert st.get_tensor(k).dtype == torch.bfloat16
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.dtype == torch.bfloat16
+    assert swiftlite.merge_lora(tiny_run.last_checkpoint, out, exist_ok=True, verify=False) == out
+    assert os.path.exists(os.path.join(out, "model.safetensors"))  # replaced: one 5 GB shard
+    assert not os.path.exists(os.path.join(out, "model.safetensors.index.json"))
+
+
+@pytest.mark.parametrize("targets", [["q_proj", "embed_tokens", "lm_head"], ["embed_tokens"]],
+                         ids=["embed+lm_head", "embed-only"])
+def test_tied_embeddings_with_lora_on_embeddings(tiny_qwen2, tmp_path, targets, capsys):
+    """tiny-qwen2 ties lm_head to embed_tokens; LoRA on either must untie them when merged."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen2)
+    # init_lora_weights=False: random A and B, so every delta is non-zero.
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False,
+                     use_rslora=True, alpha_pattern={"q_proj": 16})
+    get_peft_model(base, cfg).save_pretrained(tmp_path / "adapter")
+    out = swiftlite.merge_lora(str(tmp_path / "adapter"), str(tmp_path / "merged"))
+    diff = float(re.search(r"adapter vs merged: (\S+)", capsys.readouterr().out).group(1))
+    assert diff < 1e-4
+    config = json.load(open(os.path.join(out, "config.json")))
+    assert config["tie_word_embeddings"] is False
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert not torch.equal(merged.lm_head.weight, merged.model.embed_tokens.weight)
+
+
+def test_refusals_leave_nothing_behind(tiny_run, tiny_qwen2, smollm2, tmp_path):
+    ckpt = tiny_run.last_checkpoint
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError, match="neither a LoRA checkpoint"):
+        swiftlite.merge_lora(str(empty))
+    with pytest.raises(UsageError, match="no such folder"):
+        swiftlite.merge_lora(str(tmp_path / "nope"))
+    with pytest.raises(UsageError, match="does not match the base model"):
+        swiftlite.merge_lora(ckpt, str(tmp_path / "o1"), model=smollm2, verify=False)
+    # A corrupt (truncated) base model file.
+    broken = tmp_path / "broken-base"
+    shutil.copytree(tiny_qwen2, broken)
+    with open(broken / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(UsageError, match="corrupt or truncated"):
+        swiftlite.merge_lora(ckpt, str(tmp_path / "o2"), model=str(broken), verify=False)
+    # A sharded base whose index names a file that is missing.
+    (broken / "model.safetensors").unlink()
+    (broken / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"model.norm.weight": "model-00001-of-00002.safetensors"}}))
+    with pytest.raises(UsageError, match="missing"):
+        swiftlite.merge_lora(ckpt, str(tmp_path / "o3"), model=str(broken), verify=False)
+    assert sorted(os.listdir(tmp_path)) == ["broken-base", "empty"]
+
+
+def test_full_checkpoint_has_nothing_to_merge(tiny_qwen2, tmp_path, capsys):
+    full = tmp_path / "checkpoint-8"
+    shutil.copytree(tiny_qwen2, full)
+    (full / "args.json").write_text(json.dumps({"train_type": "full", "template": "qwen"}))
+    assert swiftlite.merge_lora(str(full)) == str(full)
+    assert "nothing to merge" in capsys.readouterr().err
+    assert not os.path.exists(str(full) + "-merged")
