@@ -137,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
               else f"; commands: {', '.join(COMMANDS)}"), file=sys.stderr)
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # transformers 5 renamed gradient_checkpointing -> activation_checkpointing; peft and the
+    # Trainer still call the old names on every step. Noise for users: hide just those.
+    import warnings
+    warnings.filterwarnings("ignore", message=r".*is deprecated and will be removed in v6",
+                            category=FutureWarning)
     target, _ = COMMANDS[command]
     module, func = target.split(":")
     try:
