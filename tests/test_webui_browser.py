@@ -16,11 +16,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
+from playwright.sync_api import expect
 
-from conftest import REPO
+from conftest import CHAT_ROWS, REPO, write_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -118,18 +120,17 @@ def shot(page, name):
 def fill_run_form(page, max_steps: int):
     field(page, "train-model").fill("tiny-qwen2")
     page.get_by_role("option", name="tiny-qwen2", exact=True).click()
-    field(page, "train-dataset").fill("self-cognition#32")
-    field(page, "train-model_name").fill("Swifty")
-    field(page, "train-model_author").fill("Lab")
-    field(page, "train-max_steps").fill(str(max_steps))
-    field(page, "train-per_device_train_batch_size").fill("4")
-    field(page, "train-gradient_accumulation_steps").fill("1")
-    field(page, "train-learning_rate").fill("5e-3")
-    if not page.locator("#train-logging_steps").is_visible():
+    if not page.locator("#train-logging_steps input, #train-logging_steps textarea").first \
+            .is_visible():
         page.get_by_text("more train arguments").click()
-    field(page, "train-logging_steps").fill("1")
-    field(page, "train-save_steps").fill("3")
-    field(page, "train-extra").fill("--report_to none")
+    values = {"dataset": "self-cognition#32", "model_name": "Swifty", "model_author": "Lab",
+              "max_steps": str(max_steps), "per_device_train_batch_size": "4",
+              "gradient_accumulation_steps": "1", "learning_rate": "5e-3",
+              "logging_steps": "1", "save_steps": "3", "extra": "--report_to none"}
+    for name, value in values.items():
+        box = field(page, f"train-{name}")
+        box.fill(value)
+        expect(box).to_have_value(value)
 
 
 def click_and_wait(page, button, target, pattern, timeout_s=60):
@@ -159,10 +160,17 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         assert "--learning_rate: expected a number, got 'fast'" in text
         assert not find_runs(root)
 
+        # An uploaded dataset is kept inside the output root and added to the dataset field.
+        upload = write_jsonl(tmp_path / "my-data.jsonl", CHAT_ROWS)
+        page.locator("#train-upload input[type=file]").set_input_files(upload)
+        kept = os.path.join(root, "uploads", "my-data.jsonl")
+        expect(field(page, "train-dataset")).to_have_value(kept, timeout=20_000)
+        assert open(kept).read() == open(upload).read()
+
         # Preview shows the exact command.
         fill_run_form(page, max_steps=6)
         cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite sft")
-        for flag in ("--model tiny-qwen2", "--dataset 'self-cognition#32'", "--max_steps 6",
+        for flag in ("--model tiny-qwen2", "--logging_steps 1", "--dataset 'self-cognition#32'", "--max_steps 6",
                      "--learning_rate 0.005", "--report_to none",
                      f"--output_dir {root}/tiny-qwen2"):
             assert flag in cmd, cmd
@@ -257,11 +265,16 @@ def test_login_required_with_auth(tmp_path, browser):
     try:
         page = browser.new_context().new_page()
         page.goto(url)
+        # Without a login, the app's endpoints refuse to serve its config.
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "config", timeout=10)
+        assert e.value.code in (401, 403)
         page.get_by_label("username").fill("alice")
         page.get_by_label("password").fill("wrong")
         page.get_by_role("button", name="Login").click()
         page.get_by_text("Incorrect Credentials").wait_for(timeout=20_000)
         assert page.locator("#train-start").count() == 0
+        page.get_by_label("username").fill("alice")  # the form is emptied after a failure
         page.get_by_label("password").fill("s3cret")
         page.get_by_role("button", name="Login").click()
         page.wait_for_selector("#train-start", timeout=30_000)

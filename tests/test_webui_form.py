@@ -186,3 +186,22 @@ def test_failed_run_is_marked_failed_with_its_log(tmp_path):
     state = json.loads(open(os.path.join(run, "webui.json")).read())
     assert state["returncode"] == 2
     assert f"{bad}:2" in open(os.path.join(run, "webui.log")).read()
+
+
+def test_web_ui_flags_and_safe_defaults(monkeypatch):
+    from webui.app import AUTH_ENV, WebUIArguments
+    monkeypatch.delenv(AUTH_ENV, raising=False)
+    args = parse_argv(WebUIArguments, [], "swiftlite web-ui", "")
+    assert (args.host, args.port, args.share, args.credentials()) == ("127.0.0.1", 7860, False,
+                                                                       None)
+    args = parse_argv(WebUIArguments, ["--host", "0.0.0.0", "--port", "8000", "--share",
+                                       "--auth", "bob:pw:with:colons"], "swiftlite web-ui", "")
+    assert (args.host, args.port, args.share) == ("0.0.0.0", 8000, True)
+    assert args.credentials() == ("bob", "pw:with:colons")
+    monkeypatch.setenv(AUTH_ENV, "alice:s3cret")
+    assert parse_argv(WebUIArguments, [], "web-ui", "").credentials() == ("alice", "s3cret")
+    monkeypatch.setenv(AUTH_ENV, "no-colon")
+    with pytest.raises(UsageError, match=f"{AUTH_ENV}: expected user:password"):
+        parse_argv(WebUIArguments, [], "web-ui", "").credentials()
+    with pytest.raises(UsageError, match="did you mean --port"):
+        parse_argv(WebUIArguments, ["--prot", "1"], "web-ui", "")
