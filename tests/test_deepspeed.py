@@ -117,7 +117,8 @@ def child_env(**extra) -> dict:
     env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""),
            "MODEL": "tiny-qwen2", "DATASET": "self-cognition#32", "OMP_NUM_THREADS": "1"}
     for key in ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "SWIFTLITE_RUN_DIR", "SWIFTLITE_COMMAND", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+                "SWIFTLITE_RUN_DIR", "SWIFTLITE_COMMAND", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "TENSORBOARD_LOGGING_DIR", "ACCELERATE_USE_DEEPSPEED"):
         env.pop(key, None)
     env.update({k: str(v) for k, v in extra.items()})
     return env
@@ -140,22 +141,29 @@ def the_run_dir(output_dir) -> str:
 def losses(run_dir) -> list[tuple[int, float, float]]:
     with open(os.path.join(run_dir, "logging.jsonl")) as f:
         rows = [json.loads(line) for line in f]
-    return [(r["step"], r["loss"], r["grad_norm"]) for r in rows if "loss" in r]
+    # grad_norm: DeepSpeed reports none under ZeRO-0
+    return [(r["step"], r["loss"], r.get("grad_norm")) for r in rows if "loss" in r]
 
 
 def assert_same_losses(got, want, tol=TOL):
     assert [s for s, _, _ in got] == [s for s, _, _ in want]
     for (step, loss, gnorm), (_, loss0, gnorm0) in zip(got, want):
         assert abs(loss - loss0) <= tol * max(1.0, abs(loss0)), (step, loss, loss0)
-        assert abs(gnorm - gnorm0) <= tol * max(1.0, abs(gnorm0)), (step, gnorm, gnorm0)
+        if gnorm is not None:
+            assert abs(gnorm - gnorm0) <= tol * max(1.0, abs(gnorm0)), (step, gnorm, gnorm0)
 
 
 @pytest.fixture(scope="module")
 def single(tiny_qwen2, tmp_path_factory):
+    """The reference: one process, no DeepSpeed, batch 4 (in this process: no start-up cost)."""
+    import swiftlite
+    from swiftlite.arguments import SftArguments
+    from swiftlite.cli import parse_argv
     out = tmp_path_factory.mktemp("single")
-    run_cli("sft", *TRAIN, "--per_device_train_batch_size", "4", "--save_steps", "4",
-            "--output_dir", out, env=child_env())
-    return losses(the_run_dir(out))
+    args = parse_argv(SftArguments, TRAIN[1:] + ["--per_device_train_batch_size", "4",
+                                                 "--save_steps", "100", "--output_dir", str(out)],
+                      "test", "")
+    return losses(swiftlite.sft(args).output_dir)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +203,8 @@ def test_zero1_two_nodes_by_env_vars_train_together(single, tmp_path):
     run_dir = the_run_dir(tmp_path)
     assert_same_losses(losses(run_dir), single)
     command = json.load(open(os.path.join(run_dir, "args.json")))["command"]
-    assert command.startswith("NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1") and "zero1" in command
+    assert command.startswith("NPROC_PER_NODE=1 NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 ")
+    assert "--deepspeed zero1" in command
 
 
 @pytest.mark.slow
@@ -267,8 +276,8 @@ def test_zero2_offload_runs_and_learns_like_adamw(single, tmp_path):
     run_cli("sft", *TRAIN, "--per_device_train_batch_size", "2", "--save_steps", "100",
             "--deepspeed", "zero2_offload", "--output_dir", tmp_path,
             env=child_env(NPROC_PER_NODE=2, MASTER_PORT=free_port()))
-    # Another Adam implementation: same steps, equal up to rounding of its own arithmetic.
-    assert_same_losses(losses(the_run_dir(tmp_path)), single, tol=1e-3)
+    # DeepSpeedCPUAdam instead of torch's AdamW: measured equal to ~2e-6 as well.
+    assert_same_losses(losses(the_run_dir(tmp_path)), single)
 
 
 @pytest.mark.slow
