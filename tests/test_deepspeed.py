@@ -160,7 +160,7 @@ def single(tiny_qwen2, tmp_path_factory):
     from swiftlite.arguments import SftArguments
     from swiftlite.cli import parse_argv
     out = tmp_path_factory.mktemp("single")
-    args = parse_argv(SftArguments, TRAIN[1:] + ["--per_device_train_batch_size", "4",
+    args = parse_argv(SftArguments, TRAIN + ["--per_device_train_batch_size", "4",
                                                  "--save_steps", "100", "--output_dir", str(out)],
                       "test", "")
     return losses(swiftlite.sft(args).output_dir)
