@@ -152,7 +152,7 @@ class InferEngine:
                 failure.append(e)
                 streamer.end()
 
-        thread = threading.Thread(target=work, daemon=True)
+        thread = threading.Thread(target=work, daemon=True, name="swiftlite-generate")
         thread.start()
         cut = _StopText(self.template.stop_words)
         try:
