@@ -4,7 +4,7 @@ Each run is a child process: it imports torch/transformers/peft, records its res
 (the baseline), trains a few steps with `swiftlite.sft` on samples cut to exactly
 --max_length tokens, and reports its peak resident memory (ru_maxrss). On a CPU the
 "device" is the process itself, so the measured training memory (peak - baseline) is
-compared with the estimate's per-device total for the "none" row (plain Trainer) in float32.
+compared with the estimate's per-device total for the "none" row (plain Trainer).
 
     .venv/bin/python scripts/estimate_vs_measured.py            # all runs, a markdown table
     .venv/bin/python scripts/estimate_vs_measured.py --runs tiny-qwen2:lora:ckpt
@@ -19,9 +19,11 @@ import subprocess
 import sys
 import tempfile
 
-RUNS = ["tiny-qwen2:lora:ckpt", "tiny-qwen2:full:ckpt", "tiny-qwen2:lora:no",
-        "SmolLM2-135M-Instruct:lora:ckpt", "SmolLM2-135M-Instruct:full:ckpt",
-        "SmolLM2-135M-Instruct:lora:no", "SmolLM2-135M-Instruct:full:no"]
+# model:train_type:checkpointing[:dtype]; bfloat16 runs use this CPU's AMX/AVX-512-BF16 units
+RUNS = ["tiny-qwen2:lora:ckpt", "tiny-qwen2:full:ckpt", "SmolLM2-135M-Instruct:lora:ckpt",
+        "SmolLM2-135M-Instruct:lora:no", "SmolLM2-135M-Instruct:full:ckpt",
+        "SmolLM2-135M-Instruct:full:no", "SmolLM2-135M-Instruct:lora:no:bfloat16",
+        "SmolLM2-135M-Instruct:full:no:bfloat16"]
 
 
 def rss_bytes() -> int:
@@ -44,7 +46,7 @@ def write_long_samples(path: str, n: int) -> str:
 
 
 def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, steps: int,
-          out: str) -> dict:
+          out: str, dtype: str) -> dict:
     import peft  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
@@ -53,28 +55,38 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
     from swiftlite.models.builtin import build
     build(model)  # built and cached before the baseline, like any local model folder
     data = write_long_samples(os.path.join(out, "long.jsonl"), batch * steps)
+    # Also note the resident memory when training starts (model, tokenizer and data loaded).
+    from swiftlite.trainer import JsonlLogger
+    at_start, original = {}, JsonlLogger.on_train_begin
+
+    def on_train_begin(self, *a, **kw):
+        at_start.setdefault("rss", rss_bytes())
+        return original(self, *a, **kw)
+    JsonlLogger.on_train_begin = on_train_begin
     base = rss_bytes()
     swiftlite.sft(model=model, dataset=[data], train_type=train_type, max_length=max_length,
                   truncation_strategy="right", per_device_train_batch_size=batch,
                   gradient_accumulation_steps=1, max_steps=steps, gradient_checkpointing=ckpt,
-                  torch_dtype="float32", logging_steps=1, save_steps=10_000, output_dir=out,
+                  torch_dtype=dtype, logging_steps=1, save_steps=10_000, output_dir=out,
                   report_to="none", load_from_cache_file=False)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return {"baseline": base, "peak": peak, "measured": peak - base}
+    return {"baseline": base, "train_start": at_start["rss"], "peak": peak,
+            "measured": peak - base}
 
 
-def estimated(model: str, train_type: str, ckpt: bool, max_length: int, batch: int) -> int:
+def estimated(model: str, train_type: str, ckpt: bool, max_length: int, batch: int,
+              dtype: str) -> int:
     from swiftlite.memory import estimate, model_spec, read_config
     name, config = read_config(model)
     spec = model_spec(name, config, train_type)
-    row = estimate(spec, dtype="float32", train_type=train_type, max_length=max_length,
+    row = estimate(spec, dtype=dtype, train_type=train_type, max_length=max_length,
                    batch_size=batch)[0]
     assert row.stage == "none"
     return row.gpu_total if ckpt else row.gpu_total_no_ckpt
 
 
 def measure(run: str, max_length: int, batch: int, steps: int) -> dict:
-    model, train_type, ckpt = run.split(":")
+    model, train_type, ckpt, dtype = (run.split(":") + ["float32"])[:4]
     with tempfile.TemporaryDirectory() as out:
         r = subprocess.run([sys.executable, __file__, "--child", run, "--max_length",
                             str(max_length), "--batch", str(batch), "--steps", str(steps),
@@ -82,7 +94,7 @@ def measure(run: str, max_length: int, batch: int, steps: int) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"{run} failed:\n{r.stderr[-3000:]}")
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    est = estimated(model, train_type, ckpt == "ckpt", max_length, batch)
+    est = estimated(model, train_type, ckpt == "ckpt", max_length, batch, dtype)
     return {"run": run, **got, "estimated": est,
             "error_pct": round(100 * (est - got["measured"]) / got["measured"], 1)}
 
@@ -97,17 +109,19 @@ def main() -> None:
     p.add_argument("--out")
     a = p.parse_args()
     if a.child:
-        model, train_type, ckpt = a.child.split(":")
+        model, train_type, ckpt, dtype = (a.child.split(":") + ["float32"])[:4]
         print(json.dumps(child(model, train_type, ckpt == "ckpt", a.max_length, a.batch,
-                               a.steps, a.out)))
+                               a.steps, a.out, dtype)))
         return
     print(f"micro-batch {a.batch} x {a.max_length} tokens, {a.steps} steps, float32, CPU\n")
-    print("| run (model:train_type:checkpointing) | measured MiB | estimated MiB | error |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| run (model:train_type:checkpointing:dtype) | setup MiB | training MiB | "
+          "measured MiB | estimated MiB | error |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for run in a.runs:
         m = measure(run, a.max_length, a.batch, a.steps)
-        print(f"| {run} | {m['measured'] / 2**20:,.0f} | {m['estimated'] / 2**20:,.0f} | "
-              f"{m['error_pct']:+.1f}% |", flush=True)
+        print(f"| {run} | {(m['train_start'] - m['baseline']) / 2**20:,.0f} | "
+              f"{(m['peak'] - m['train_start']) / 2**20:,.0f} | {m['measured'] / 2**20:,.0f} | "
+              f"{m['estimated'] / 2**20:,.0f} | {m['error_pct']:+.1f}% |", flush=True)
 
 
 if __name__ == "__main__":

@@ -461,6 +461,9 @@ class EstimateArguments:
                           group="train")
     batch_size: int = arg(1, "per-device batch size (sft's --per_device_train_batch_size)",
                           group="train")
+    chunked_loss: bool = arg(True, "as sft's --chunked_loss: LM head and loss in chunks (not "
+                             "possible under ZeRO-3, which uses the model's own loss)",
+                             group="train")
     json: bool = arg(False, "print JSON instead of the table", group="train")
 
     def validate(self) -> "EstimateArguments":

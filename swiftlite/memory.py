@@ -1,0 +1,337 @@
+"""Training memory from a model's config.json alone: model states per ZeRO stage and offload
+option, and activations with and without gradient checkpointing.
+
+Parameter counts are exact: the model is built on PyTorch's "meta" device from its config
+(no weights, no memory) and its tensors are counted, which also gives the LoRA adapter size
+for the chosen target modules. Model states for full fine-tuning follow DeepSpeed's own
+estimators (tests/test_estimate.py checks them against
+estimate_zero{2,3}_model_states_mem_needs_all_cold); they are generalised here to a frozen
+base with trainable adapters. Activations count the tensors a Qwen2/Llama decoder layer keeps
+for backward (see activation_bytes_per_token). docs/estimate.md gives the measured error.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from .errors import UsageError
+
+# DeepSpeed's estimators pad CPU-side figures by 1.5 for pinned buffers and fragmentation.
+CPU_BUFFER_FACTOR = 1.5
+# Share of a GPU's memory that training may plan to use: the rest is the CUDA context,
+# allocator fragmentation and short-lived buffers.
+USABLE_FRACTION = 0.9
+# Fastest first (Hugging Face's DeepSpeed guide: DDP > ZeRO-1 > ZeRO-2 > ZeRO-2 offload >
+# ZeRO-3 > ZeRO-3 offload); "none" is the plain Trainer without DeepSpeed.
+STAGES = ("none", "zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+LOSS_CHUNK = 512  # rows per chunk of swiftlite.loss (kept equal to swiftlite.loss.CHUNK)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    total_params: int  # tied embeddings counted once
+    trainable_params: int
+    largest_layer_params: int  # biggest single module (what ZeRO-3 gathers at once)
+    hidden_size: int
+    num_layers: int
+    intermediate_size: int
+    vocab_size: int
+    attn_dim: int  # num_attention_heads * head_dim
+    lora_inputs_per_layer: int  # sum of in_features of the adapted linears of one layer
+
+
+@dataclass
+class Row:
+    """One configuration. Bytes per GPU (per training process) and per node's CPU memory."""
+    stage: str
+    gpu: dict = field(default_factory=dict)  # params, grads, optim, activations, ...
+    cpu: dict = field(default_factory=dict)
+    gpu_total: int = 0  # with gradient checkpointing
+    gpu_total_no_ckpt: int = 0
+    cpu_total: int = 0
+
+
+def read_config(model: str) -> tuple[str, dict]:
+    """(name, config dict) for --model: a folder with config.json, a config.json file, a
+    registry alias (configs shipped in swiftlite/models/configs) or a hub id (config.json only
+    is downloaded)."""
+    if os.path.isdir(model):
+        path = os.path.join(model, "config.json")
+        if not os.path.isfile(path):
+            raise UsageError(f"--model {model}: the folder has no config.json.")
+        return os.path.basename(os.path.normpath(model)), _load(path)
+    if os.path.isfile(model):
+        return os.path.basename(os.path.dirname(os.path.abspath(model))) or model, _load(model)
+    from .models.registry import lookup
+    info = lookup(model)
+    alias = info.alias if info else model
+    from importlib import resources
+    shipped = resources.files("swiftlite.models").joinpath("configs", f"{alias}.json")
+    if shipped.is_file():
+        return alias, json.loads(shipped.read_text(encoding="utf-8"))
+    if alias == "tiny-qwen2":
+        from .models.builtin import TINY_QWEN2_CONFIG
+        return alias, {"model_type": "qwen2", **TINY_QWEN2_CONFIG}
+    if model.count("/") == 1 and not model.startswith((".", "/", "~")):
+        try:
+            from huggingface_hub import hf_hub_download
+            return model.split("/")[-1], _load(hf_hub_download(model, "config.json"))
+        except Exception as e:  # offline, unknown or gated repo
+            raise UsageError(f"--model {model}: could not fetch its config.json from the hub "
+                             f"({type(e).__name__}). Pass a local model folder or config.json "
+                             "instead.") from None
+    raise UsageError(f"--model {model}: not a folder, a config.json, a known alias or a hub id "
+                     "(org/name).")
+
+
+def _load(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except ValueError as e:
+        raise UsageError(f"{path}: not valid JSON ({e}).") from None
+
+
+def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int = 8,
+               target_modules=("all-linear",)) -> ModelSpec:
+    """Exact counts from the architecture built on the meta device (no memory used)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = {k: v for k, v in config.items() if not k.startswith("_")}
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise UsageError(f"{name}: config.json has no model_type.")
+    try:
+        hf_config = AutoConfig.for_model(model_type, **cfg)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"{name}: cannot build model_type {model_type!r} from its config "
+                         f"({e}).") from None
+    unique = {id(p): p.numel() for p in model.parameters()}
+    total = sum(unique.values())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    lora, per_layer_inputs = _lora_counts(model, lora_rank, target_modules)
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return ModelSpec(name=name, total_params=total,
+                     trainable_params=total if train_type == "full" else lora,
+                     largest_layer_params=largest, hidden_size=text.hidden_size,
+                     num_layers=text.num_hidden_layers,
+                     intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
+                     attn_dim=heads * head_dim, lora_inputs_per_layer=per_layer_inputs)
+
+
+def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
+    """(adapter parameters, adapted input features in one decoder layer), the way peft picks
+    modules: "all-linear" is every nn.Linear except the output layer; otherwise names match
+    the last part of a module's name."""
+    import torch
+    out_layer = model.get_output_embeddings()
+    all_linear = list(targets) in (["all-linear"], ["all_linear"])
+    wanted = set(targets)
+    params, first_layer_inputs, first_layer = 0, 0, None
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is out_layer:
+            continue
+        if not (all_linear or name.split(".")[-1] in wanted):
+            continue
+        params += rank * (module.in_features + module.out_features)
+        layer = name.split(".layers.")[1].split(".")[0] if ".layers." in name else None
+        first_layer = first_layer if first_layer is not None else layer
+        if layer == first_layer:
+            first_layer_inputs += module.in_features
+    return params, first_layer_inputs
+
+
+def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
+                               lora_dropout: float = 0.05) -> dict:
+    """Bytes kept for backward per token: one decoder layer, the loss, and the checkpointed
+    input of one layer. Counted from what autograd saves in a Qwen2/Llama layer:
+    - each RMSNorm saves its fp32 input (4h), plus its 16-bit output when the norm weight is
+      trained (full fine-tuning);
+    - attention saves the normed input, q, the head-repeated k and v, the SDPA output and
+      o_proj's input (h + 5 x heads*head_dim values); SDPA/flash keep no seq x seq matrix;
+    - the SwiGLU MLP saves the normed input, gate, silu(gate), up and their product
+      (h + 4 x intermediate values);
+    - LoRA: peft runs each adapter in fp32 on its own dropout of the input (4 bytes + a
+      1-byte mask per input feature of every adapted linear);
+    - the model's own loss (--chunked_loss false, and always under ZeRO-3): the logits are
+      upcast to fp32 and log_softmax's output is kept; its backward holds that output, the
+      incoming gradient and the result: 12 bytes x vocab per token;
+    - swiftlite's chunked loss (swiftlite/loss.py): one chunk of fp32 logits and logsumexp's
+      two temporaries of the same size (x - max, its exp): 12 bytes x vocab x chunk rows, and
+      per token the gathered hidden state with its gradient.
+    """
+    a = DTYPE_BYTES[dtype]
+    h, i = spec.hidden_size, spec.intermediate_size
+    full = train_type == "full"
+    norms = 2 * (4 * h + (a * h if full else 0))
+    attention = a * (h + 5 * spec.attn_dim)
+    mlp = a * (h + 4 * i)
+    lora = 0 if full else spec.lora_inputs_per_layer * (4 + (1 if lora_dropout > 0 else 0))
+    return {"layer": norms + attention + mlp + lora, "checkpoint": a * h,
+            "loss": 12 * spec.vocab_size, "chunked_loss": 2 * a * h,
+            "loss_chunk": 12 * LOSS_CHUNK * spec.vocab_size}
+
+
+def activations(spec: ModelSpec, tokens: int, dtype: str, train_type: str,
+                checkpointing: bool, lora_dropout: float = 0.05, chunked_loss: bool = True) -> int:
+    """Peak activation bytes of one micro-batch of `tokens` tokens. Without checkpointing all
+    layers' activations are alive when the loss is computed and backpropagated; with it, only
+    each layer's input is kept, and one layer is recomputed (with its gradients) at a time."""
+    per = activation_bytes_per_token(spec, dtype, train_type, lora_dropout)
+    if chunked_loss:
+        loss = per["loss_chunk"] * min(1.0, tokens / LOSS_CHUNK) + tokens * per["chunked_loss"]
+    else:
+        loss = tokens * per["loss"]
+    kept = spec.num_layers * (per["layer"] if not checkpointing else per["checkpoint"])
+    recompute = 0 if not checkpointing else per["layer"] + 2 * per["checkpoint"]
+    return int(tokens * kept + max(loss, tokens * recompute))
+
+
+def model_states(stage: str, total: int, trainable: int, largest_layer: int, *,
+                 gpus_per_node: int = 1, nodes: int = 1, weight_bytes: int = 2,
+                 load_bytes: int = 4, zero_init: bool = False,
+                 buffer_factor: float = CPU_BUFFER_FACTOR) -> tuple[dict, dict]:
+    """(per-GPU bytes, per-node CPU bytes) of parameters, gradients and optimizer states.
+
+    DeepSpeed rows with trainable == total, weight_bytes=2, load_bytes=4 are DeepSpeed's own
+    estimates (load_bytes: the copy each process loads into CPU memory before DeepSpeed takes
+    the model). Trainable parameters carry 16-bit grads (w), fp32 grads (4), an fp32 master
+    copy (4) and Adam's two moments (8); frozen ones only their 16-bit copy.
+    "none" is the plain Trainer: weights, grads and AdamW states all in the weights' dtype,
+    except LoRA adapters, which peft keeps in fp32.
+    """
+    n, w, pt, pf = gpus_per_node * nodes, weight_bytes, trainable, total - trainable
+    load = load_bytes * total * gpus_per_node  # every local process loads the model first
+    gpu = {"params": 0, "grads": 0, "optim": 0}
+    cpu = {"load": 0, "offloaded": 0}
+    if stage == "none":
+        lora = trainable < total
+        tw = 4 if lora else w  # bytes per trainable weight
+        gpu.update(params=w * pf + tw * pt, grads=tw * pt, optim=2 * tw * pt)
+        if n > 1:  # DDP keeps its own gradient buckets next to .grad
+            gpu["grads"] += tw * pt
+        cpu["load"] = load
+    elif stage in ("zero0", "zero1", "zero2"):
+        part = {"zero0": 1, "zero1": n, "zero2": n}[stage]
+        grads16 = w * pt if stage != "zero2" else w * pt // n
+        gpu.update(params=w * total, grads=grads16 + 4 * pt // part, optim=12 * pt // part)
+        cpu["load"] = load
+    elif stage == "zero2_offload":
+        gpu.update(params=w * total)
+        cpu["load"] = load_bytes * total * n if nodes == 1 else load
+        cpu["offloaded"] = 16 * pt
+    elif stage == "zero3":
+        # DeepSpeed's 18 bytes per parameter: 16-bit param + fp32 grad, master and Adam
+        # moments, all partitioned; 16-bit gradients only live in reduce buckets.
+        gpu.update(params=w * total // n + 4 * largest_layer, grads=4 * pt // n,
+                   optim=12 * pt // n)
+        cpu["load"] = 4 * largest_layer * gpus_per_node if zero_init else load
+    elif stage == "zero3_offload":
+        gpu.update(params=4 * largest_layer)
+        cpu["offloaded"] = (w * total + 16 * pt) // nodes
+        if not zero_init:
+            cpu["load"] = load
+    else:
+        raise UsageError(f"unknown stage {stage!r}; one of {', '.join(STAGES)}")
+    # DeepSpeed counts the larger of loading and steady state, padded by the buffer factor.
+    cpu_total = int(max(cpu["load"], cpu["offloaded"]) * buffer_factor)
+    return gpu, {**cpu, "total": cpu_total}
+
+
+def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
+             dtype: str = "bfloat16", train_type: str = "lora", max_length: int = 2048,
+             batch_size: int = 1, lora_dropout: float = 0.05,
+             chunked_loss: bool = True) -> list[Row]:
+    """One Row per stage in STAGES for this setup (tokens per micro-batch: batch x length)."""
+    from .hardware import weights_dtype
+    w = DTYPE_BYTES[weights_dtype(dtype, train_type)]
+    tokens = batch_size * max_length
+    rows = []
+    for stage in STAGES:
+        # ZeRO-3 partitions the LM head, so swiftlite falls back to the model's own loss there.
+        chunked = chunked_loss and not stage.startswith("zero3")
+        act = activations(spec, tokens, dtype, train_type, True, lora_dropout, chunked)
+        act_full = activations(spec, tokens, dtype, train_type, False, lora_dropout, chunked)
+        # DeepSpeed trains 16-bit copies with fp32 masters whatever the load dtype was.
+        ds_w = DTYPE_BYTES[dtype] if stage != "none" else w
+        gpu, cpu = model_states(stage, spec.total_params, spec.trainable_params,
+                                spec.largest_layer_params, gpus_per_node=gpus_per_node,
+                                nodes=nodes, weight_bytes=ds_w, load_bytes=w)
+        states = gpu["params"] + gpu["grads"] + gpu["optim"]
+        rows.append(Row(stage, {**gpu, "activations": act, "activations_no_ckpt": act_full},
+                        cpu, states + act, states + act_full, cpu["total"]))
+    return rows
+
+
+@dataclass
+class Choice:
+    deepspeed: str | None  # None: no DeepSpeed
+    gradient_checkpointing: bool
+    gpu_bytes: int
+    cpu_bytes: int
+    fits: bool
+    reason: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def recommend(rows: list[Row], gpu_memory: int, cpu_memory: int | None = None,
+              gpus: int = 1) -> Choice:
+    """The fastest configuration that fits: stages in STAGES order, each first without
+    gradient checkpointing (faster) and then with it. Partitioning stages are skipped on one
+    GPU (they partition nothing there)."""
+    usable = int(gpu_memory * USABLE_FRACTION)
+    for row in rows:
+        if gpus == 1 and row.stage in ("zero0", "zero1", "zero2", "zero3"):
+            continue
+        if cpu_memory is not None and row.cpu_total > cpu_memory:
+            continue
+        for ckpt, need in ((False, row.gpu_total_no_ckpt), (True, row.gpu_total)):
+            if need <= usable:
+                ds = None if row.stage == "none" else row.stage
+                why = (f"needs {gib(need)} of {gib(usable)} usable per GPU "
+                       f"({int(USABLE_FRACTION * 100)}% of {gib(gpu_memory)})")
+                return Choice(ds, ckpt, need, row.cpu_total, True, why)
+    within_cpu = [r for r in rows if cpu_memory is None or r.cpu_total <= cpu_memory]
+    smallest = min(within_cpu or rows, key=lambda r: r.gpu_total)
+    ds = None if smallest.stage == "none" else smallest.stage
+    return Choice(ds, True, smallest.gpu_total, smallest.cpu_total, False,
+                  f"nothing fits: the smallest ({smallest.stage} with gradient checkpointing) "
+                  f"needs {gib(smallest.gpu_total)} per GPU, {gib(usable)} usable. Lower "
+                  "--max_length or --batch_size, use --train_type lora, or more GPUs.")
+
+
+def gib(n: int | float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def parse_memory(text: str | int | float, flag: str) -> int:
+    """'24GB', '24GiB', '80G', '512MB' or a number of GiB -> bytes. GB is read as GiB, the
+    way GPU memory is advertised (a "24 GB" card has 24 GiB)."""
+    if isinstance(text, (int, float)):
+        return int(text * 2**30)
+    s = str(text).strip().upper().replace(" ", "")
+    units = {"TIB": 2**40, "TB": 2**40, "T": 2**40, "GIB": 2**30, "GB": 2**30, "G": 2**30,
+             "MIB": 2**20, "MB": 2**20, "M": 2**20, "B": 1}
+    for unit, scale in units.items():
+        if s.endswith(unit):
+            s, mult = s[: -len(unit)], scale
+            break
+    else:
+        mult = 2**30
+    try:
+        value = float(s)
+    except ValueError:
+        raise UsageError(f"--{flag} {text}: expected a size such as 24GB, 80GiB or 512MB.") \
+            from None
+    if value <= 0:
+        raise UsageError(f"--{flag} {text}: must be positive.")
+    return int(value * mult)
