@@ -158,3 +158,19 @@ def test_full_checkpoint_has_nothing_to_merge(tiny_qwen2, tmp_path, capsys):
     assert swiftlite.merge_lora(str(full)) == str(full)
     assert "nothing to merge" in capsys.readouterr().err
     assert not os.path.exists(str(full) + "-merged")
+
+
+def test_dora_adapter_falls_back_to_peft_merge(tiny_qwen2, tmp_path, capsys):
+    """DoRA is not merged tensor by tensor: peft's merge_and_unload does it, same checks."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen2)
+    get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], use_dora=True,
+                                    init_lora_weights=False)).save_pretrained(tmp_path / "dora")
+    out = swiftlite.merge_lora(str(tmp_path / "dora"))
+    captured = capsys.readouterr()
+    assert "merge_and_unload" in captured.err
+    assert float(re.search(r"adapter vs merged: (\S+)", captured.out).group(1)) < 1e-4
+    assert os.path.exists(os.path.join(out, "chat_template.jinja"))
