@@ -133,3 +133,16 @@ def test_base_model_with_chat_template_warns(tiny_qwen2, chat_jsonl, tmp_path):
     assert "is a base model" not in r.stderr
     args = json.load(open(next((tmp_path / "o").glob("v1-*")) / "args.json"))
     assert args["template"] == "default"
+
+
+def test_custom_dataset_example_with_validation_runs(tmp_path):
+    """examples/sft_custom_dataset.yaml as a user runs it: several formats, #N sampling and a
+    validation set, giving eval_loss in the log and its plot."""
+    from conftest import REPO
+    r = run_cli("sft", os.path.join(REPO, "examples", "sft_custom_dataset.yaml"),
+                "--output_dir", tmp_path, cwd=REPO)
+    run = next(tmp_path.glob("v0-*"))
+    rows = read_log(run)
+    assert any("eval_loss" in row for row in rows), rows
+    assert (run / "images" / "eval_loss.png").exists()
+    assert "dataset: 9 of 6 rows kept" in r.stderr  # 3 messages rows + alpaca#6 (3 rows, repeated)
