@@ -88,7 +88,7 @@ def maybe_relaunch(args) -> None:
     if "LOCAL_RANK" in os.environ:
         agree_run_dir(args)
         return
-    os.environ.setdefault(COMMAND_ENV, user_command(argv, os.environ))
+    os.environ[COMMAND_ENV] = user_command(argv, os.environ)
     info("command: " + os.environ[COMMAND_ENV])
     cmd = torchrun_command(argv, os.environ)
     if args.deepspeed and args.resume_from_checkpoint:

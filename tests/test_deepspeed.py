@@ -87,23 +87,35 @@ def test_sft_help_lists_presets_and_bad_preset_is_a_usage_error(tmp_path):
     assert "Traceback" not in r.stderr and not os.listdir(tmp_path)
 
 
-def test_deepspeed_auto_takes_the_estimate_recommendation(tiny_qwen2, monkeypatch):
-    """Same answer as `swiftlite estimate` for the devices present (here: this CPU)."""
+@pytest.mark.parametrize("device, model, train_type, device_gib", [
+    ("cpu", "tiny-qwen2", "lora", None),
+    # CUDA cannot exist here: its memory size is mocked (a 12 GiB card, 2 per node).
+    ("cuda", "Qwen2-1.5B-Instruct", "full", 12),
+    ("cuda", "Qwen2-1.5B-Instruct", "lora", 12),
+])
+def test_deepspeed_auto_takes_the_estimate_recommendation(device, model, train_type, device_gib,
+                                                          tiny_qwen2, monkeypatch):
+    """The same choice as `swiftlite estimate` for the devices present."""
     import psutil
     from swiftlite.arguments import SftArguments
     from swiftlite.hardware import Hardware
     from swiftlite.pipelines.estimate import recommend
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    hw = Hardware("cpu", "cpu")
-    for train_type in ("lora", "full"):
-        args = SftArguments(model="tiny-qwen2", dataset=["x"], deepspeed="auto",
-                            train_type=train_type)
-        ram = psutil.virtual_memory().total
-        want = recommend("tiny-qwen2", gpus=2, nodes=1, gpu_memory=ram // 2, cpu_memory=ram,
-                         train_type=train_type, torch_dtype="float32").deepspeed
-        got = ds.resolve(args, hw)
-        assert (got is None) if want is None else got == ds.load_config(want)
+    ram = psutil.virtual_memory().total
+    memory = device_gib * 2**30 if device_gib else ram // 2
+    monkeypatch.setattr(ds, "_device_memory", lambda hw: device_gib and memory)
+    hw = Hardware(device, "test", (8, 6) if device == "cuda" else None)
+    dtype = "bfloat16" if device == "cuda" else "float32"
+    args = SftArguments(model=model, dataset=["x"], deepspeed="auto", train_type=train_type)
+    choice = recommend(model, gpus=2, nodes=1, gpu_memory=memory, cpu_memory=ram,
+                       train_type=train_type, torch_dtype=dtype)
+    if not choice.fits:  # e.g. full FT needs offload, and this host's RAM is too small for it
+        with pytest.raises(UsageError, match="--deepspeed auto: no configuration fits"):
+            ds.resolve(args, hw)
+        return
+    got = ds.resolve(args, hw)
+    assert (got is None) if choice.deepspeed is None else got == ds.load_config(choice.deepspeed)
 
 
 # -- real 2-process runs -----------------------------------------------------------------------
