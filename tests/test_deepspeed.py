@@ -87,14 +87,16 @@ def test_sft_help_lists_presets_and_bad_preset_is_a_usage_error(tmp_path):
     assert "Traceback" not in r.stderr and not os.listdir(tmp_path)
 
 
-@pytest.mark.parametrize("device, model, train_type, device_gib", [
-    ("cpu", "tiny-qwen2", "lora", None),
-    # CUDA cannot exist here: its memory size is mocked (a 12 GiB card, 2 per node).
-    ("cuda", "Qwen2-1.5B-Instruct", "full", 12),
-    ("cuda", "Qwen2-1.5B-Instruct", "lora", 12),
+@pytest.mark.parametrize("device, model, train_type, device_gib, host_gib", [
+    ("cpu", "tiny-qwen2", "lora", None, None),
+    # CUDA cannot exist here: the card's memory is mocked (2 per node), and for the offload
+    # case the host's RAM too (a GPU server's 256 GiB).
+    ("cuda", "Qwen2-1.5B-Instruct", "lora", 12, None),
+    ("cuda", "Qwen2-1.5B-Instruct", "full", 12, None),
+    ("cuda", "Qwen2-1.5B-Instruct", "full", 16, 256),
 ])
 def test_deepspeed_auto_takes_the_estimate_recommendation(device, model, train_type, device_gib,
-                                                          tiny_qwen2, monkeypatch):
+                                                          host_gib, tiny_qwen2, monkeypatch):
     """The same choice as `swiftlite estimate` for the devices present."""
     import psutil
     from swiftlite.arguments import SftArguments
@@ -102,6 +104,10 @@ def test_deepspeed_auto_takes_the_estimate_recommendation(device, model, train_t
     from swiftlite.pipelines.estimate import recommend
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    if host_gib:
+        real = psutil.virtual_memory
+        monkeypatch.setattr(psutil, "virtual_memory",
+                            lambda: real()._replace(total=host_gib * 2**30))
     ram = psutil.virtual_memory().total
     memory = device_gib * 2**30 if device_gib else ram // 2
     monkeypatch.setattr(ds, "_device_memory", lambda hw: device_gib and memory)
