@@ -20,10 +20,9 @@ import sys
 import tempfile
 
 # model:train_type:checkpointing[:dtype]; bfloat16 runs use this CPU's AMX/AVX-512-BF16 units
-RUNS = ["tiny-qwen2:lora:ckpt", "tiny-qwen2:full:ckpt", "SmolLM2-135M-Instruct:lora:ckpt",
-        "SmolLM2-135M-Instruct:lora:no", "SmolLM2-135M-Instruct:full:ckpt",
-        "SmolLM2-135M-Instruct:full:no", "SmolLM2-135M-Instruct:lora:no:bfloat16",
-        "SmolLM2-135M-Instruct:full:no:bfloat16"]
+RUNS = ["tiny-qwen2:lora:ckpt", "tiny-qwen2:full:no", "SmolLM2-135M-Instruct:lora:no",
+        "SmolLM2-135M-Instruct:full:no", "SmolLM2-135M-Instruct:full:ckpt",
+        "SmolLM2-135M-Instruct:lora:no:bfloat16"]
 
 
 def rss_bytes() -> int:
@@ -61,6 +60,8 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
 
     def on_train_begin(self, *a, **kw):
         at_start.setdefault("rss", rss_bytes())
+        params = {id(p): p.numel() * p.element_size() for p in kw["model"].parameters()}
+        at_start.setdefault("weights", sum(params.values()))
         return original(self, *a, **kw)
     JsonlLogger.on_train_begin = on_train_begin
     base = rss_bytes()
@@ -70,8 +71,12 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
                   torch_dtype=dtype, logging_steps=1, save_steps=10_000, output_dir=out,
                   report_to="none", load_from_cache_file=False)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # Training memory as a device would hold it: the weights, plus everything training added
+    # on top of the process as it stood when training began (tokenizer, data and Python
+    # objects stay out: on a GPU they live in host memory).
     return {"baseline": base, "train_start": at_start["rss"], "peak": peak,
-            "measured": peak - base}
+            "weights": at_start["weights"],
+            "measured": peak - at_start["rss"] + at_start["weights"]}
 
 
 def estimated(model: str, train_type: str, ckpt: bool, max_length: int, batch: int,
@@ -102,9 +107,9 @@ def measure(run: str, max_length: int, batch: int, steps: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", nargs="+", default=RUNS)
-    p.add_argument("--max_length", type=int, default=1024)
+    p.add_argument("--max_length", type=int, default=512)
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=2)
     p.add_argument("--child")
     p.add_argument("--out")
     a = p.parse_args()
@@ -114,14 +119,18 @@ def main() -> None:
                                a.steps, a.out, dtype)))
         return
     print(f"micro-batch {a.batch} x {a.max_length} tokens, {a.steps} steps, float32, CPU\n")
-    print("| run (model:train_type:checkpointing:dtype) | setup MiB | training MiB | "
-          "measured MiB | estimated MiB | error |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| run (model:train_type:checkpointing:dtype) | setup | weights | peak - start | "
+          "measured | estimated | error |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for run in a.runs:
         m = measure(run, a.max_length, a.batch, a.steps)
-        print(f"| {run} | {(m['train_start'] - m['baseline']) / 2**20:,.0f} | "
-              f"{(m['peak'] - m['train_start']) / 2**20:,.0f} | {m['measured'] / 2**20:,.0f} | "
-              f"{m['estimated'] / 2**20:,.0f} | {m['error_pct']:+.1f}% |", flush=True)
+        mib = {k: f"{m[k] / 2**20:,.0f}" for k in ("weights", "measured", "estimated")}
+        print(f"| {run} | {(m['train_start'] - m['baseline']) / 2**20:,.0f} | {mib['weights']} "
+              f"| {(m['peak'] - m['train_start']) / 2**20:,.0f} | {mib['measured']} | "
+              f"{mib['estimated']} | {m['error_pct']:+.1f}% |", flush=True)
+    print("\nMiB. setup: memory added before training (tokenizer, data, model); weights: the "
+          "loaded parameters; measured = peak - start + weights; error = (estimated - "
+          "measured) / measured.")
 
 
 if __name__ == "__main__":

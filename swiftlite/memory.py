@@ -165,7 +165,8 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
       incoming gradient and the result: 12 bytes x vocab per token;
     - swiftlite's chunked loss (swiftlite/loss.py): one chunk of fp32 logits and logsumexp's
       two temporaries of the same size (x - max, its exp): 12 bytes x vocab x chunk rows, and
-      per token the gathered hidden state with its gradient.
+      per token the gathered hidden state with its gradient; full fine-tuning adds the LM
+      head's fp32 weight gradient (4 bytes x vocab x hidden), accumulated over the chunks.
     """
     a = DTYPE_BYTES[dtype]
     h, i = spec.hidden_size, spec.intermediate_size
@@ -176,7 +177,8 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
     lora = 0 if full else spec.lora_inputs_per_layer * (4 + (1 if lora_dropout > 0 else 0))
     return {"layer": norms + attention + mlp + lora, "checkpoint": a * h,
             "loss": 12 * spec.vocab_size, "chunked_loss": 2 * a * h,
-            "loss_chunk": 12 * LOSS_CHUNK * spec.vocab_size}
+            "loss_chunk": 12 * LOSS_CHUNK * spec.vocab_size,
+            "loss_weight_grad": 4 * spec.vocab_size * h if full else 0}
 
 
 def activations(spec: ModelSpec, tokens: int, dtype: str, train_type: str,
@@ -186,7 +188,8 @@ def activations(spec: ModelSpec, tokens: int, dtype: str, train_type: str,
     each layer's input is kept, and one layer is recomputed (with its gradients) at a time."""
     per = activation_bytes_per_token(spec, dtype, train_type, lora_dropout)
     if chunked_loss:
-        loss = per["loss_chunk"] * min(1.0, tokens / LOSS_CHUNK) + tokens * per["chunked_loss"]
+        loss = (per["loss_chunk"] * min(1.0, tokens / LOSS_CHUNK) + tokens * per["chunked_loss"]
+                + per["loss_weight_grad"])
     else:
         loss = tokens * per["loss"]
     kept = spec.num_layers * (per["layer"] if not checkpointing else per["checkpoint"])
