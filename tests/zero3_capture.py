@@ -1,4 +1,4 @@
-"""Worker for tests/test_deepspeed.py: `swiftlite sft` under torchrun, plus a callback that
+"""Worker for tests/test_deepspeed.py: `swiftlite.sft(...)` under torchrun, plus a callback that
 records what the adapter weights are IN MEMORY at every checkpoint save (gathered from all
 ZeRO-3 partitions), so the test can compare them with what was written to disk.
 
@@ -39,9 +39,12 @@ def main():
         return trainer
 
     trainer_module.build_trainer = build_and_capture
-    sys.argv = ["swiftlite"] + argv
-    from swiftlite.cli import main as cli_main
-    sys.exit(cli_main(argv))
+    # Through the Python API (not the CLI), so that its run-folder agreement is tested too.
+    import swiftlite
+    from swiftlite.arguments import SftArguments
+    from swiftlite.cli import parse_argv
+    assert argv[0] == "sft"
+    swiftlite.sft(parse_argv(SftArguments, argv[1:], "swiftlite sft", ""))
 
 
 if __name__ == "__main__":

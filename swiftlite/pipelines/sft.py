@@ -105,6 +105,8 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     # 6. The Trainer, then the run folder with every resolved argument. The folder is made
     # only once everything is set up, so a mistake found earlier leaves no half-made run.
     from ..trainer import build_trainer, plot_losses
+    from ..launch import agree_run_dir
+    agree_run_dir(args)  # ranks started by torchrun/deepspeed/SLURM: rank 0 picks the folder
     run_dir = planned_run_dir(args)
     trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
     create_run_dir(run_dir)
