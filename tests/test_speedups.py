@@ -20,11 +20,11 @@ import torch
 from swiftlite.arguments import SftArguments
 
 
-def _lora_model(model_dir, dtype="float32", gradient_checkpointing=True, seed=0):
+def _lora_model(model_dir, dtype="float32", gradient_checkpointing=True, seed=0, attn_impl=None):
     from swiftlite.models.loader import load_model
     from swiftlite.tuners import prepare_model
     torch.manual_seed(seed)
-    args = SftArguments(model="x", dataset=["x"], lora_dropout=0.0,
+    args = SftArguments(model="x", dataset=["x"], lora_dropout=0.0, attn_impl=attn_impl,
                         gradient_checkpointing=gradient_checkpointing)
     model = prepare_model(load_model(model_dir, dtype), args)
     for name, p in model.named_parameters():  # lora_B starts at 0: give the adapters a say
@@ -65,13 +65,19 @@ def _assert_close_grads(a, b, rtol=1e-4):
 
 @pytest.mark.parametrize("gradient_checkpointing", [True, False])
 def test_padding_free_equals_padded(tiny_qwen2, gradient_checkpointing):
-    """Same loss and LoRA gradients from a packed row as from a padded batch (SDPA, no
-    flash-attention), with and without checkpointing (the KV cache must be off for both)."""
+    """Same loss and LoRA gradients from a padded batch (stock SDPA), from a packed row with
+    stock SDPA (one block-diagonal mask), and from a packed row with SDPA per sample
+    (sdpa_packed, what sft uses); with and without checkpointing (the KV cache must be off)."""
+    from swiftlite.packed_attention import use_packed_attention
     from swiftlite.trainer import collator
     tok, samples = _samples(tiny_qwen2)
-    model = _lora_model(tiny_qwen2, gradient_checkpointing=gradient_checkpointing)
+    model = _lora_model(tiny_qwen2, gradient_checkpointing=gradient_checkpointing,
+                        attn_impl="sdpa")
+    assert model.config._attn_implementation == "sdpa"
     results = []
-    for padding_free in (False, True):
+    for padding_free, packed_attention in ((False, False), (True, False), (True, True)):
+        if packed_attention:
+            assert use_packed_attention(model)
         batch = collator(tok, padding_free)([dict(s) for s in samples])
         if padding_free:
             assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
@@ -81,9 +87,16 @@ def test_padding_free_equals_padded(tiny_qwen2, gradient_checkpointing):
         loss = model(**batch).loss
         loss.backward()
         results.append((loss.item(), _grads(model)))
-    (padded, g_padded), (packed, g_packed) = results
-    assert packed == pytest.approx(padded, rel=1e-5)
-    _assert_close_grads(g_padded, g_packed)
+    padded, g_padded = results[0]
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(padded, rel=1e-5)
+        _assert_close_grads(g_padded, grads)
+
+
+def test_sft_trains_with_packed_attention_unless_told(tiny_qwen2):
+    from swiftlite.packed_attention import NAME
+    assert _lora_model(tiny_qwen2).config._attn_implementation == NAME
+    assert _lora_model(tiny_qwen2, attn_impl="sdpa").config._attn_implementation == "sdpa"
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
