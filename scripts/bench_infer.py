@@ -83,9 +83,9 @@ import json, os, resource, sys, time
 mode, ckpt, out = sys.argv[1:4]
 import torch, transformers, peft, safetensors  # the same imports in every mode
 t0 = time.time()
-if mode == "streaming":
+if mode.startswith("streaming"):
     import swiftlite
-    swiftlite.merge_lora(ckpt, out, verify=False)
+    swiftlite.merge_lora(ckpt, out, verify=mode == "streaming+verify")
 elif mode == "naive":
     from swiftlite.pipelines.merge import naive_merge
     from swiftlite.checkpoint_info import describe
@@ -112,7 +112,7 @@ def make_adapter(model: str, folder: str) -> str:
 def bench_merge(model: str, ckpt: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = ckpt or make_adapter(model, os.path.join(tmp, "adapter"))
-        for mode in ("imports-only", "streaming", "naive"):
+        for mode in ("imports-only", "streaming", "streaming+verify", "naive"):
             out = os.path.join(tmp, f"merged-{mode}")
             r = subprocess.run([sys.executable, "-c", CHILD, mode, ckpt, out],
                                capture_output=True, text=True)
@@ -124,6 +124,8 @@ def bench_merge(model: str, ckpt: str | None) -> None:
             emit(bench="merge", model=model, method={
                 "imports-only": "baseline: torch+transformers+peft imported, nothing merged",
                 "streaming": "swiftlite merge-lora (tensor by tensor, --verify false)",
+                "streaming+verify": "swiftlite merge-lora (tensor by tensor, then the logit "
+                                    "check, which loads the model)",
                 "naive": "peft merge_and_unload + save_pretrained"}[mode],
                  weights_mib=round(size / 2**20), **res)
 

@@ -278,7 +278,6 @@ def write_merged(out_dir: str, plan: MergePlan, index: dict[str, str], meta: dic
     names = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
     src_of = dict(plan.outputs)
-    handles: dict[str, object] = {}
     bar = tqdm(total=len(entries), desc="merging", unit="tensor", disable=not progress)
     try:
         for fname, shard in zip(names, shards):
@@ -288,11 +287,11 @@ def write_merged(out_dir: str, plan: MergePlan, index: dict[str, str], meta: dic
                 t = plan.replaced.get(name, plan.replaced.get(src))
                 kept = t is not None
                 if t is None:
-                    path = index[src]
-                    if path not in handles:  # one open handle per base file
-                        handles[path] = safe_open(path, "pt")
-                        handles[path].__enter__()
-                    t = handles[path].get_tensor(src)
+                    # safetensors maps the whole file and hands out tensors backed by the map;
+                    # pages once touched stay resident while the file is open. One open per
+                    # tensor releases them with the tensor, so memory stays at one tensor.
+                    with safe_open(index[src], "pt") as f:
+                        t = f.get_tensor(src)
                 if t.is_floating_point():
                     # .to() copies only when the dtype changes; a tensor kept in plan.replaced
                     # is copied so that it is never modified in place.
@@ -307,8 +306,6 @@ def write_merged(out_dir: str, plan: MergePlan, index: dict[str, str], meta: dic
             writer.close()
     finally:
         bar.close()
-        for h in handles.values():
-            h.__exit__(None, None, None)
     if len(shards) > 1:
         weight_map = {e[0]: fname for fname, shard in zip(names, shards) for e in shard}
         with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:

@@ -52,34 +52,37 @@ def test_merge_cli_logits_match_and_folder_is_complete(merged):
 PLAIN_SCRIPT = r"""
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-path, messages = sys.argv[1], json.loads(sys.argv[2])
+path, conversations = sys.argv[1], json.loads(sys.argv[2])
 tok = AutoTokenizer.from_pretrained(path)
 model = AutoModelForCausalLM.from_pretrained(path)
-prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-ids = tok(prompt, add_special_tokens=False, return_tensors="pt")
-out = model.generate(**ids, max_new_tokens=24, do_sample=False)
-answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+for messages in conversations:
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tok(prompt, add_special_tokens=False, return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=24, do_sample=False)
+    answer = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    print(json.dumps({"prompt": prompt, "answer": answer}))
 assert not any(m.startswith("swiftlite") for m in sys.modules)
-print(json.dumps({"prompt": prompt, "answer": answer}))
 """
 
 
-@pytest.mark.parametrize("messages", [
-    [{"role": "user", "content": "What is 2+2?"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"}],
-], ids=["default-system", "own-system"])
-def test_merged_model_in_plain_transformers_equals_swiftlite_on_adapter(merged, messages):
-    """No swiftlite import: same prompt string and same greedy answer as the adapter."""
+def test_merged_model_in_plain_transformers_equals_swiftlite_on_adapter(merged):
+    """No swiftlite import: same prompt string and same greedy answer as the adapter, with the
+    training default system prompt and with a conversation's own."""
     ckpt, _ = merged
+    conversations = [
+        [{"role": "user", "content": "What is 2+2?"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital?"},
+         {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"}]]
     r = subprocess.run([sys.executable, "-c", PLAIN_SCRIPT, ckpt + "-merged",
-                        json.dumps(messages)], capture_output=True, text=True, timeout=300)
+                        json.dumps(conversations)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    plain = [json.loads(line) for line in r.stdout.strip().splitlines()]
     from swiftlite.generate import InferEngine
     engine = InferEngine.load(ckpt)
     assert engine.ckpt.kind == "adapter"
-    assert plain["prompt"] == engine.template.render(messages, add_generation_prompt=True)[0]
-    assert plain["answer"] == engine.chat(messages, max_new_tokens=24)
+    for messages, got in zip(conversations, plain, strict=True):
+        assert got["prompt"] == engine.template.render(messages, add_generation_prompt=True)[0]
+        assert got["answer"] == engine.chat(messages, max_new_tokens=24)
 
 
 def test_sharded_bf16_merge(tiny_run, tmp_path):
