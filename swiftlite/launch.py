@@ -91,6 +91,9 @@ def maybe_relaunch(args) -> None:
     os.environ[COMMAND_ENV] = user_command(argv, os.environ)
     info("command: " + os.environ[COMMAND_ENV])
     cmd = torchrun_command(argv, os.environ)
+    if args.deepspeed and str(args.deepspeed).strip() != "auto":
+        from .deepspeed import load_config
+        load_config(args.deepspeed)  # a bad preset/JSON fails here, not in every worker later
     if args.deepspeed and args.resume_from_checkpoint:
         # Refuse a ZeRO resume with another process count before any worker starts.
         from .deepspeed import check_resume
