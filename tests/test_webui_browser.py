@@ -107,6 +107,7 @@ def wait_status(page, pattern, timeout_s, message=""):
         text = status_text(page)
         if re.search(pattern, text):
             return text
+        assert "Error" not in text, f"{message}: the page shows an error: {text!r}"
         page.wait_for_timeout(500)
     raise AssertionError(f"{message}: status is {status_text(page)!r}\nlog:\n"
                          f"{page.locator('#run-log textarea').input_value()[-3000:]}")
@@ -148,7 +149,7 @@ def click_and_wait(page, button, target, pattern, timeout_s=60):
 def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
     from webui.runs import find_runs, read_state
     proc, url, root, log = start_app(tmp_path)
-    external = []
+    external, page = [], None
     try:
         page = open_page(browser, url, external)
 
@@ -170,8 +171,8 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         # Preview shows the exact command.
         fill_run_form(page, max_steps=6)
         cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite sft")
-        for flag in ("--model tiny-qwen2", "--logging_steps 1", "--dataset 'self-cognition#32'", "--max_steps 6",
-                     "--learning_rate 0.005", "--report_to none",
+        for flag in ("--model tiny-qwen2", "--dataset 'self-cognition#32'", "--max_steps 6",
+                     "--learning_rate 0.005", "--logging_steps 1", "--report_to none",
                      f"--output_dir {root}/tiny-qwen2"):
             assert flag in cmd, cmd
         shot(page, "train-preview")
@@ -183,7 +184,7 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
             text = status_text(page)
             if m := re.search(r"(\d+) loss points", text):
                 points.add(int(m.group(1)))
-            if re.search(r"finished|failed", text):
+            if re.search(r"finished|failed|Error", text):  # "Error": a handler raised
                 break
             page.wait_for_timeout(400)
         assert "finished" in status_text(page), page.locator("#run-log textarea").input_value()
@@ -201,8 +202,7 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         page.wait_for_selector("#train-start")
         wait_status(page, r"finished", 20, "after a reload")
         other = open_page(browser, url)
-        other.wait_for_function("document.querySelector('#runs-table').innerText"
-                                ".includes('finished')", timeout=20_000)
+        expect(other.locator("#runs-table")).to_contain_text("finished", timeout=20_000)
 
         # Infer: load the checkpoint, get an answer, unload.
         page.get_by_role("tab", name="Infer").click()
@@ -238,7 +238,8 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         page.get_by_role("tab", name="Train").click()
         fill_run_form(page, max_steps=5000)  # the reload above emptied the form
         click_and_wait(page, "train-start", "train-message", "Started")
-        wait_status(page, r"running · step \d+", 180, "the second run never logged a step")
+        wait_status(page, r"running · step ([2-9]|\d\d+)/", 180,
+                    "the second run never logged two steps")
         text = click_and_wait(page, "train-start", "train-message", "already in progress")
         assert len(find_runs(root)) == 2  # the refused start made no folder
         click_and_wait(page, "train-stop", "train-message", "Stopping")
@@ -250,11 +251,13 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         assert 0 < max(r["step"] for r in map(json.loads, open(os.path.join(
             run2, "logging.jsonl")))) < 5000
         other.reload()
-        other.wait_for_selector("#runs-table")
-        other.wait_for_function("document.querySelector('#runs-table').innerText"
-                                ".includes('stopped')", timeout=20_000)
+        expect(other.locator("#runs-table")).to_contain_text("stopped", timeout=20_000)
         shot(page, "train-stopped")
         assert not external, f"the page requested other hosts: {external[:5]}"
+    except Exception:
+        if page is not None:
+            shot(page, "failure")  # what the page showed when the flow broke
+        raise
     finally:
         stop_app(proc, root)
 

@@ -205,3 +205,17 @@ def test_web_ui_flags_and_safe_defaults(monkeypatch):
         parse_argv(WebUIArguments, [], "web-ui", "").credentials()
     with pytest.raises(UsageError, match="did you mean --port"):
         parse_argv(WebUIArguments, ["--prot", "1"], "web-ui", "")
+
+
+def test_uploads_are_kept_inside_the_output_root(tmp_path):
+    from webui.train_tab import keep_upload
+    root = tmp_path / "out"
+    a = write_jsonl(tmp_path / "data.jsonl", CHAT_ROWS[:1])
+    first = keep_upload(a, str(root))
+    assert first == str(root / "uploads" / "data.jsonl")
+    assert keep_upload(a, str(root)) == first  # the same file again: reused
+    (tmp_path / "other").mkdir()
+    b = write_jsonl(tmp_path / "other" / "data.jsonl", CHAT_ROWS[1:])
+    second = keep_upload(b, str(root))  # same name, other content: not overwritten
+    assert second == str(root / "uploads" / "data-1.jsonl")
+    assert open(first).read() == open(a).read() and open(second).read() == open(b).read()

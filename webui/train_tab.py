@@ -2,8 +2,10 @@
 list with the selected run's live log and loss curve (polled from disk by a gr.Timer)."""
 from __future__ import annotations
 
+import filecmp
 import html
 import os
+import shlex
 import shutil
 import time
 
@@ -16,9 +18,9 @@ from .runs import LOG_FILE, RunManager, describe, find_runs, loss_rows
 
 POLL_S = 2.0
 # Keep the log scrolled to its end while it grows, unless the user scrolled up to read.
-_PIN_JS = """(x) => { const t = document.querySelector('#run-log textarea');
+_PIN_JS = """(...inputs) => { const t = document.querySelector('#run-log textarea');
   window.__swiftlitePin = !t || t.scrollTop === 0 ||
-    t.scrollTop + t.clientHeight >= t.scrollHeight - 30; return x; }"""
+    t.scrollTop + t.clientHeight >= t.scrollHeight - 30; return inputs; }"""
 _SCROLL_JS = """() => { setTimeout(() => { const t = document.querySelector('#run-log textarea');
   if (t && window.__swiftlitePin !== false) t.scrollTop = t.scrollHeight; }, 50); }"""
 LOG_TAIL_BYTES = 20_000
@@ -61,6 +63,20 @@ def _presets() -> list[str]:
     except ModuleNotFoundError:
         return []
     return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
+
+
+def keep_upload(src: str, root: str) -> str:
+    """Copy an uploaded file into <root>/uploads (gradio's temporary copy does not last), under
+    its own name, or name-1, name-2, ... when a different file already has it."""
+    dest = os.path.join(root, "uploads")
+    os.makedirs(dest, exist_ok=True)
+    stem, ext = os.path.splitext(os.path.basename(src))
+    target, n = os.path.join(dest, stem + ext), 0
+    while os.path.exists(target) and not filecmp.cmp(src, target, shallow=False):
+        n += 1
+        target = os.path.join(dest, f"{stem}-{n}{ext}")
+    shutil.copyfile(src, target)
+    return target
 
 
 def _error_md(e: Exception) -> str:
@@ -152,6 +168,8 @@ def build(manager: RunManager) -> dict:
             plot = gr.LinePlot(_loss_frame(None), x="step", y="loss", title="training loss",
                                height=360, elem_id="run-plot")
         timer = gr.Timer(POLL_S)
+        # Inside the Tab: a component left directly under gr.Tabs becomes a phantom tab.
+        known = gr.State(None)  # the run list this page shows
 
     names = list(widgets)
     inputs = [widgets[n] for n in names] + [nproc, extra]
@@ -201,26 +219,22 @@ def build(manager: RunManager) -> dict:
     def on_upload(files, current):
         if not files:
             return gr.skip()
-        dest = os.path.join(root, "uploads")
-        os.makedirs(dest, exist_ok=True)
-        paths = []
-        for f in files:
-            src = f if isinstance(f, str) else f.name
-            target = os.path.join(dest, os.path.basename(src))
-            shutil.copyfile(src, target)  # gradio's temp copy may vanish; keep ours in the root
-            paths.append(target)
+        paths = [keep_upload(f if isinstance(f, str) else f.name, root) for f in files]
         words = (current or "").strip()
-        return (words + " " if words else "") + " ".join(paths)
+        return (words + " " if words else "") + " ".join(shlex.quote(p) for p in paths)
 
-    def refresh(selected):
+    def refresh(selected, known=None):
         runs = [describe(p) for p in find_runs(root)]
         rels = [os.path.relpath(r.path, root) for r in runs]
         if selected not in rels:
             selected = rels[0] if rels else None
+        # Re-sending unchanged choices would close the list under a user who has it open.
+        choices = gr.skip() if known == rels and selected in rels else \
+            gr.update(choices=rels, value=selected)
         run = next((r for r in runs if os.path.relpath(r.path, root) == selected), None)
         if run is None:
             return _table(root, runs), gr.update(choices=rels, value=None), \
-                "No runs yet.", "", _loss_frame(None)
+                "No runs yet.", "", _loss_frame(None), rels
         status = (f"**{selected}**: <span class='run-state' data-state='{run.status}'>"
                   f"{run.status}</span>")
         if run.step is not None:
@@ -229,16 +243,17 @@ def build(manager: RunManager) -> dict:
         if run.checkpoints:
             status += " · checkpoints: " + ", ".join(os.path.basename(c)
                                                        for c in run.checkpoints)
-        return (_table(root, runs), gr.update(choices=rels, value=selected), status,
-                _log_tail(run.path), _loss_frame(run.path))
+        return (_table(root, runs), choices, status, _log_tail(run.path),
+                _loss_frame(run.path), rels)
 
+    refresh_inputs = [run_select, known]
+    refresh_outputs = [runs_table, run_select, run_status, log, plot, known]
     preview_btn.click(on_preview, inputs, [message, command])
     start_btn.click(on_start, inputs, [message, command, run_select]).then(
-        refresh, run_select, [runs_table, run_select, run_status, log, plot])
+        refresh, run_select, refresh_outputs)
     stop_btn.click(on_stop, run_select, message)
     upload.upload(on_upload, [upload, widgets["dataset"]], widgets["dataset"])
-    refresh_outputs = [runs_table, run_select, run_status, log, plot]
-    timer.tick(refresh, run_select, refresh_outputs, show_progress="hidden", js=_PIN_JS).then(
-        None, None, None, js=_SCROLL_JS)
+    timer.tick(refresh, refresh_inputs, refresh_outputs, show_progress="hidden",
+               js=_PIN_JS).then(None, None, None, js=_SCROLL_JS)
     run_select.input(refresh, run_select, refresh_outputs)
     return {"refresh": refresh, "refresh_inputs": run_select, "refresh_outputs": refresh_outputs}
