@@ -75,6 +75,10 @@ def torchrun_command(argv: list[str], env: dict) -> list[str] | None:
     return cmd + [f"--master_port={port}", "-m", "swiftlite.cli"] + argv
 
 
+def _nproc(cmd: list[str]) -> int:
+    return int(next(a for a in cmd if a.startswith("--nproc_per_node=")).split("=")[1])
+
+
 def user_command(argv: list[str], env: dict) -> str:
     """The command as the user ran it, with the launch variables that shaped it."""
     prefix = [f"{k}={shlex.quote(env[k])}" for k in LAUNCH_VARS if k in env]
@@ -85,8 +89,7 @@ def maybe_relaunch(args) -> None:
     """Re-run this command under torchrun if the environment asks for more processes;
     in a worker started by any launcher, make all ranks agree on the run folder."""
     argv = ["sft"] + sys.argv[2:]
-    if "LOCAL_RANK" in os.environ:
-        agree_run_dir(args)
+    if "LOCAL_RANK" in os.environ:  # a worker: the sft pipeline agrees on the run folder
         return
     os.environ[COMMAND_ENV] = user_command(argv, os.environ)
     info("command: " + os.environ[COMMAND_ENV])
@@ -97,8 +100,8 @@ def maybe_relaunch(args) -> None:
     if args.deepspeed and args.resume_from_checkpoint:
         # Refuse a ZeRO resume with another process count before any worker starts.
         from .deepspeed import check_resume
-        nproc = int(cmd[3].split("=")[1]) if cmd else 1
-        check_resume(args.resume_from_checkpoint, nproc * int(os.environ.get("NNODES") or 1))
+        check_resume(args.resume_from_checkpoint,
+                     (_nproc(cmd) if cmd else 1) * int(os.environ.get("NNODES") or 1))
     if cmd is None:
         return
     env = dict(os.environ)
@@ -108,8 +111,7 @@ def maybe_relaunch(args) -> None:
         # parent, so global rank 0 picks it (agree_run_dir) and tells the others.
         env.setdefault(RUN_DIR_ENV, planned_run_dir(args))
     # torchrun sets OMP_NUM_THREADS=1 unless told otherwise: keep all cores shared out.
-    nproc = int(cmd[3].split("=")[1])
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _nproc(cmd))))
     info("launching: " + shlex.join(cmd))
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
@@ -118,27 +120,27 @@ def maybe_relaunch(args) -> None:
 
 
 def agree_run_dir(args) -> str:
-    """In a worker of a multi-process run without SWIFTLITE_RUN_DIR, rank 0 picks the run
-    folder and sends it to the others through the launcher's rendezvous store, so the ranks
+    """The run folder, the same on every rank. In a multi-process run without
+    SWIFTLITE_RUN_DIR (started by torchrun, deepspeed, SLURM, or over several nodes), rank 0
+    picks it and sends it to the others through the launcher's rendezvous store, so the ranks
     never split into two vN-timestamp folders.
 
     The store is torch's own env:// rendezvous (torchrun's agent store, or a multi-tenant
     TCPStore hosted by rank 0 that init_process_group later shares); no process group is
-    created, so accelerate still sets up the real backend (nccl/hccl/gloo) as usual."""
+    created, so accelerate still sets up the real backend (nccl/hccl/gloo) as usual. Nothing
+    is left in os.environ: a second run in the same processes gets a folder of its own."""
     if os.environ.get(RUN_DIR_ENV) or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return os.environ.get(RUN_DIR_ENV, "")
-    global _STORE
+        return planned_run_dir(args)
+    global _STORE, _RUNS
     from datetime import timedelta
 
     import torch.distributed as dist
     store, rank, _ = next(dist.rendezvous("env://", timeout=timedelta(minutes=30)))
     _STORE = store  # rank 0 may host the server: keep it alive for init_process_group
-    key = "swiftlite/run_dir"
+    key, _RUNS = f"swiftlite/run_dir/{_RUNS}", _RUNS + 1  # every rank runs the same sequence
     if rank == 0:
         store.set(key, planned_run_dir(args))
-    run_dir = store.get(key).decode()  # waits for rank 0
-    os.environ[RUN_DIR_ENV] = run_dir
-    return run_dir
+    return store.get(key).decode()  # waits for rank 0
 
 
-_STORE = None
+_STORE, _RUNS = None, 0

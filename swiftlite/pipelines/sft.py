@@ -22,7 +22,7 @@ from ..models import resolve_model
 from ..models.loader import load_model, load_tokenizer
 from ..models.registry import model_name
 from ..template import get_template
-from ..output import create_run_dir, planned_run_dir
+from ..output import create_run_dir
 
 
 @dataclass
@@ -106,8 +106,7 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     # only once everything is set up, so a mistake found earlier leaves no half-made run.
     from ..trainer import build_trainer, plot_losses
     from ..launch import agree_run_dir
-    agree_run_dir(args)  # ranks started by torchrun/deepspeed/SLURM: rank 0 picks the folder
-    run_dir = planned_run_dir(args)
+    run_dir = agree_run_dir(args)  # the same on every rank (rank 0 picks it)
     trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
     create_run_dir(run_dir)
     resolved = {**to_dict(args), "model_dir": model_dir, "template": template.name,
