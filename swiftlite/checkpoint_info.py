@@ -56,7 +56,10 @@ def read_json(path: str) -> dict:
 def describe(ckpt_dir: str | None = None, model: str | None = None, *, template: str | None = None,
              system=_UNSET, torch_dtype: str | None = None) -> CheckpointInfo:
     """Resolve --ckpt_dir / --model (+ overrides) to a CheckpointInfo. Raises UsageError."""
+    from .models.loader import is_adapter_dir
     from .models.registry import resolve_model
+    if ckpt_dir is None and model and os.path.isdir(model) and is_adapter_dir(model):
+        ckpt_dir, model = model, None  # `--model checkpoint-50`: an adapter is a checkpoint
     if ckpt_dir is None:
         if not model:
             raise UsageError("give --ckpt_dir (a checkpoint or merged folder) or --model.")
