@@ -142,3 +142,22 @@ def test_encoding_truncation_counts_and_cache(tmp_path, tiny_qwen2, monkeypatch)
     _, rep3 = encode_dataset(convs, get_template("qwen", tok, system="Other."), max_length=40,
                              truncation_strategy="right")
     assert not rep3.from_cache and rep3.cache_path != rep.cache_path
+
+
+def test_nothing_left_is_not_cached_and_a_damaged_cache_is_rebuilt(tmp_path, tiny_qwen2,
+                                                                    monkeypatch):
+    import os
+    import shutil
+    monkeypatch.setenv("SWIFTLITE_CACHE", str(tmp_path / "cache"))
+    from transformers import AutoTokenizer
+    t = get_template("qwen", AutoTokenizer.from_pretrained(tiny_qwen2))
+    convs = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]]
+    ds, rep = encode_dataset(convs, t, max_length=2)
+    assert len(ds) == 0 and not os.path.exists(rep.cache_path)
+    ds, rep = encode_dataset(convs, t, max_length=64)
+    shutil.rmtree(os.path.join(rep.cache_path))  # leave only a report behind: unreadable
+    os.makedirs(rep.cache_path)
+    with open(os.path.join(rep.cache_path, "swiftlite_report.json"), "w") as f:
+        f.write("{}")
+    ds2, rep2 = encode_dataset(convs, t, max_length=64)
+    assert not rep2.from_cache and ds2["input_ids"] == ds["input_ids"]

@@ -86,15 +86,19 @@ def encode_dataset(conversations: list, template: Template, *, max_length: int,
     path = os.path.join(cache_dir("datasets"), f"{name}-{key}")
     report_path = os.path.join(path, "swiftlite_report.json")
     if use_cache and os.path.exists(report_path):
-        ds = datasets.load_from_disk(path)
-        with open(report_path) as f:
-            r = json.load(f)
-        report = EncodeReport(samples=r["samples"], truncated=r["truncated"],
-                              dropped=Counter(r["dropped"]), lengths=list(ds["length"]),
-                              trained_tokens=r["trained_tokens"], cache_path=path,
-                              from_cache=True)
-        info(f"{name}: tokenised data loaded from the cache {path}")
-        return ds, report
+        try:
+            ds = datasets.load_from_disk(path)
+            with open(report_path) as f:
+                r = json.load(f)
+        except Exception as e:  # a damaged cache is rebuilt, never trusted
+            warn(f"{name}: ignoring the unreadable cache {path} ({type(e).__name__}); re-encoding")
+        else:
+            report = EncodeReport(samples=r["samples"], truncated=r["truncated"],
+                                  dropped=Counter(r["dropped"]), lengths=list(ds["length"]),
+                                  trained_tokens=r["trained_tokens"], cache_path=path,
+                                  from_cache=True)
+            info(f"{name}: tokenised data loaded from the cache {path}")
+            return ds, report
 
     from tqdm.auto import tqdm
     report = EncodeReport(samples=len(conversations), cache_path=path)
@@ -121,7 +125,7 @@ def encode_dataset(conversations: list, template: Template, *, max_length: int,
     bar.close()
     report.lengths = columns["length"]
     ds = datasets.Dataset.from_dict(columns)
-    if use_cache:
+    if use_cache and len(ds):  # an empty result is an error for the caller, not worth caching
         tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(path))
         try:
             ds.save_to_disk(tmp)
