@@ -140,15 +140,44 @@ def training_kwargs(args, hw) -> dict:
     if args.resume_from_checkpoint:
         check_resume(args.resume_from_checkpoint)
     kwargs = {"deepspeed": config}
-    if hw.device == "cpu":
-        # accelerate enables DeepSpeed only when an accelerator is present; without one the
-        # Trainer sees a world size of 1 and DeepSpeed rejects the batch size. Configuring the
-        # state ourselves (gloo) and telling the Trainer to use it is what works (FACTS.md).
-        os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
-        from accelerate import PartialState
-        PartialState(backend="gloo")
+    if _enable_on_cpu(hw):
         kwargs["accelerator_config"] = {"use_configured_state": True}
     return kwargs
+
+
+def _enable_on_cpu(hw) -> bool:
+    """accelerate enables DeepSpeed only when an accelerator is present; without one the
+    Trainer sees a world size of 1 and DeepSpeed rejects the batch size. Configuring the
+    state ourselves (gloo) and telling the Trainer to use it is what works (FACTS.md)."""
+    if hw.device != "cpu":
+        return False
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    from accelerate import PartialState
+    PartialState(backend="gloo")
+    return True
+
+
+def zero3_init(args, hw, dtype: str):
+    """Under ZeRO-3, an HfDeepSpeedConfig that the caller keeps alive while the model loads:
+    transformers then builds the model inside deepspeed.zero.Init, each process holding only
+    its partition, so a model larger than one device (or one rank's share of host RAM)
+    loads at all. None for other stages. The Trainer later takes over with its own config."""
+    config = resolve(args, hw)
+    if config is None or zero_stage(config) != 3:
+        return None
+    _single_process_env()
+    _enable_on_cpu(hw)
+    # zero.Init reads only the partitioning and dtype settings, but the config must parse:
+    # the Trainer fills the "auto" values later, here any valid value does.
+    init = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+            "bf16": {"enabled": dtype == "bfloat16" and hw.device != "cpu"},
+            "fp16": {"enabled": dtype == "float16"},
+            "zero_optimization": {k: v for k, v in config["zero_optimization"].items()
+                                  if v != "auto"}}
+    from .distributed import world_size
+    init["train_batch_size"] = world_size()
+    from transformers.integrations import HfDeepSpeedConfig
+    return HfDeepSpeedConfig(init)
 
 
 def _single_process_env() -> None:

@@ -43,4 +43,6 @@ def prepare_model(model, args):
 
 
 def _count(model, trainable_only: bool = True) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+    # ZeRO-3 loads partitioned: a parameter's full size is then ds_numel, numel() is 0.
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
+               if p.requires_grad or not trainable_only)

@@ -240,6 +240,15 @@ def test_zero3_matches_single_process(zero3_run, single):
 
 
 @pytest.mark.slow
+def test_zero3_model_loads_partitioned(zero3_run):
+    """zero.Init at load: before the Trainer exists, every base weight is a ZeRO-3 parameter
+    whose full tensor is not held by the process (only its partition, in ds_tensor)."""
+    at_load = json.load(open(os.path.join(zero3_run[1], "at_load.json")))
+    assert at_load["base_zero_params"] == at_load["base_params"] > 0, at_load
+    assert at_load["base_local_numel"] == 0 and at_load["base_full_numel"] > 0, at_load
+
+
+@pytest.mark.slow
 def test_zero3_lora_checkpoints_are_complete(zero3_run):
     """Every saved adapter tensor is non-empty and equals the gathered in-memory value."""
     import torch

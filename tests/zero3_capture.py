@@ -4,6 +4,7 @@ ZeRO-3 partitions), so the test can compare them with what was written to disk.
 
     torchrun --nproc_per_node 2 tests/zero3_capture.py CAPTURE_DIR sft --flag value ...
 """
+import json
 import os
 import sys
 
@@ -33,8 +34,18 @@ def main():
     import swiftlite.trainer as trainer_module
     build = trainer_module.build_trainer
 
-    def build_and_capture(*a, **kw):
-        trainer = build(*a, **kw)
+    def build_and_capture(model, *a, **kw):
+        # Before the Trainer exists: was the model loaded already partitioned (zero.Init)?
+        params = list(model.parameters())
+        if int(os.environ.get("RANK", "0")) == 0:
+            os.makedirs(out_dir, exist_ok=True)
+            with open(os.path.join(out_dir, "at_load.json"), "w") as f:
+                base = [p for p in params if not p.requires_grad]  # LoRA joins at engine init
+                json.dump({"base_params": len(base),
+                           "base_zero_params": sum(hasattr(p, "ds_id") for p in base),
+                           "base_local_numel": sum(p.numel() for p in base),
+                           "base_full_numel": sum(getattr(p, "ds_numel", 0) for p in base)}, f)
+        trainer = build(model, *a, **kw)
         trainer.add_callback(CaptureGathered(out_dir))
         return trainer
 

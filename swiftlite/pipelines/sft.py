@@ -93,6 +93,8 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
 
     # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
     # renders prompts exactly as trained, with or without swiftlite.
+    from ..deepspeed import zero3_init
+    zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
     model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
                        trust_remote_code=args.trust_remote_code,
                        attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype))
