@@ -130,12 +130,12 @@ def cmd_ab(a, extra):
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
                                 weight_decay=0.1)
         runs.append({"name": name, "args": args, "model": model, "opt": opt,
-                     "collate": collator(tok, args.padding_free), "t": 0.0, "tok": 0,
+                     "collate": collator(tok, args.padding_free), "t": 0.0, "cpu": 0.0, "tok": 0,
                      "losses": []})
     for step, samples in enumerate(batches):
         for r in runs:
             batch = r["collate"]([dict(s) for s in samples])
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             if r["args"].chunked_loss:
                 loss = supervised_head_loss(r["model"], batch)
             else:
@@ -145,17 +145,23 @@ def cmd_ab(a, extra):
                 [p for p in r["model"].parameters() if p.requires_grad], 1.0)
             r["opt"].step()
             r["opt"].zero_grad()
-            dt = time.perf_counter() - t
+            dt, dc = time.perf_counter() - t, time.process_time() - c
             if step >= a.warmup:
                 r["t"] += dt
+                r["cpu"] += dc
                 r["tok"] += sum(len(s["input_ids"]) for s in samples)
             r["losses"].append(round(loss.item(), 4))
-    ref = runs[0]["tok"] / runs[0]["t"]
+            print(f"step {step} {r['name']}: {dt:.2f} s ({dc:.2f} s CPU)", file=sys.stderr,
+                  flush=True)
+    # CPU seconds as well as wall seconds: on a shared machine (other jobs on the cores) the
+    # CPU time of a single-threaded run (OMP_NUM_THREADS=1) is the steadier measure.
+    ref, ref_cpu = runs[0]["tok"] / runs[0]["t"], runs[0]["tok"] / runs[0]["cpu"]
     for r in runs:
-        tps = r["tok"] / r["t"]
+        tps, tpc = r["tok"] / r["t"], r["tok"] / r["cpu"]
         print(json.dumps({"variant": r["name"], "tokens_per_s": round(tps, 1),
-                          "ratio": round(tps / ref, 3), "steps": a.steps - a.warmup,
-                          "losses": r["losses"]}))
+                          "ratio": round(tps / ref, 3), "tokens_per_cpu_s": round(tpc, 1),
+                          "cpu_ratio": round(tpc / ref_cpu, 3), "steps": a.steps - a.warmup,
+                          "losses": r["losses"]}), flush=True)
 
 
 _MEM_CHILD = r"""

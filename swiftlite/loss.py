@@ -35,7 +35,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if need_w else None
         for start in range(0, hidden.shape[0], chunk):
-            h, y = hidden[start:start + chunk], targets[start:start + chunk]
+            # fp32 hidden states with a bf16 head (precision.fp32_activations): bf16 matmul
+            h, y = hidden[start:start + chunk].to(weight.dtype), targets[start:start + chunk]
             logits = (h @ weight.t()).float()
             lse = torch.logsumexp(logits, dim=-1)
             total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
@@ -43,7 +44,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 # d(sum CE)/d logits = softmax - one_hot, computed in place on the fp32 logits
                 g = logits.sub_(lse[:, None]).exp_()
                 g[torch.arange(len(y), device=y.device), y] -= 1
-                g = g.to(hidden.dtype)
+                g = g.to(weight.dtype)
                 if need_h:
                     grad_h[start:start + chunk] = g @ weight
                 if need_w:

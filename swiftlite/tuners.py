@@ -36,6 +36,9 @@ def prepare_model(model, args):
     except ValueError as e:
         from .errors import UsageError
         raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
+    from .precision import fp32_activations, wants_fp32_activations
+    if wants_fp32_activations(model, args):  # bf16 matmuls, fp32 activations (see precision.py)
+        fp32_activations(model)
     trainable, total = _count(model), _count(model, trainable_only=False)
     info(f"LoRA r={args.lora_rank} alpha={args.lora_alpha} on {target}: {trainable:,} trainable "
          f"of {total:,} parameters ({100 * trainable / total:.3f}%)")

@@ -20,12 +20,14 @@ import torch
 from swiftlite.arguments import SftArguments
 
 
-def _lora_model(model_dir, dtype="float32", gradient_checkpointing=True, seed=0, attn_impl=None):
+def _lora_model(model_dir, dtype="float32", gradient_checkpointing=True, seed=0, attn_impl=None,
+                fp32_activations=True):
     from swiftlite.models.loader import load_model
     from swiftlite.tuners import prepare_model
     torch.manual_seed(seed)
     args = SftArguments(model="x", dataset=["x"], lora_dropout=0.0, attn_impl=attn_impl,
-                        gradient_checkpointing=gradient_checkpointing)
+                        gradient_checkpointing=gradient_checkpointing,
+                        fp32_activations=fp32_activations)
     model = prepare_model(load_model(model_dir, dtype), args)
     for name, p in model.named_parameters():  # lora_B starts at 0: give the adapters a say
         if "lora_B" in name:
@@ -173,24 +175,35 @@ def test_trainer_loss_per_trained_token_across_accumulation(tmp_path, tiny_qwen2
 
 def test_cpu_mixed_precision_keeps_trainables_fp32(tiny_qwen2):
     """--torch_dtype bfloat16 on CPU: frozen base weights bf16, LoRA weights fp32 (so AdamW's
-    state is fp32 too), and the first loss matches fp32 closely."""
+    state is fp32 too), activations fp32 (--fp32_activations, default) so the LoRA sums are not
+    rounded to bf16; the loss then matches fp32 more closely than with all-bf16 activations."""
+    from swiftlite.loss import supervised_head_loss
     from swiftlite.trainer import collator
     tok, samples = _samples(tiny_qwen2)
     batch = collator(tok, True)([dict(s) for s in samples])
     losses = {}
-    for dtype in ("float32", "bfloat16"):
-        model = _lora_model(tiny_qwen2, dtype)
+    for dtype, fp32_act in (("float32", True), ("bfloat16", True), ("bfloat16", False)):
+        model = _lora_model(tiny_qwen2, dtype, fp32_activations=fp32_act)
         trainable = [p for p in model.parameters() if p.requires_grad]
         frozen = [p for p in model.parameters() if not p.requires_grad]
         assert {p.dtype for p in trainable} == {torch.float32}
         assert {p.dtype for p in frozen} == {getattr(torch, dtype)}
-        losses[dtype] = model(**batch).loss.item()
+        seen = []
+        hook = model.get_base_model().model.layers[0].register_forward_hook(
+            lambda _m, _i, out: seen.append(out[0] if isinstance(out, tuple) else out))
+        losses[dtype, fp32_act] = model(**batch).loss.item()
+        hook.remove()
+        assert seen[0].dtype == (torch.float32 if fp32_act else torch.bfloat16)
+        assert supervised_head_loss(model, batch).item() == pytest.approx(
+            losses[dtype, fp32_act], rel=1e-3)
         if dtype == "bfloat16":
             opt = torch.optim.AdamW(trainable, lr=1e-3)
             model(**batch).loss.backward()
             opt.step()
             assert all(s["exp_avg"].dtype == torch.float32 for s in opt.state.values())
-    assert losses["bfloat16"] == pytest.approx(losses["float32"], rel=1e-2)
+    ref = losses["float32", True]
+    assert abs(losses["bfloat16", True] - ref) < abs(losses["bfloat16", False] - ref)
+    assert losses["bfloat16", True] == pytest.approx(ref, rel=1e-3)
 
 
 def test_chunked_loss_flag_off_uses_plain_trainer():
