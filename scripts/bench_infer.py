@@ -4,9 +4,9 @@
   python scripts/bench_infer.py --skip merge          # generation only
   python scripts/bench_infer.py --ckpt_dir output/.../checkpoint-50   # merge this adapter
 
-generate: greedy generation through swiftlite's InferEngine (left-padded batches) for batch
-  sizes 1 and 8: generated tokens per second (answers stop at the end-of-turn token, padding
-  after it is not counted) and time to first token (prefill + first decoding step).
+generate: greedy generation with swiftlite's InferEngine model and generation config
+  (left-padded batches) for batch sizes 1 and 8, every answer exactly --max_new_tokens long:
+  generated tokens per second (all rows) and time to first token (prefill + first step).
 merge: peak resident memory (ru_maxrss) of `swiftlite merge-lora` (tensor by tensor) against a
   naive peft merge_and_unload + save_pretrained, each in a fresh process, on the same adapter;
   plus the resident memory of a process that only imported the libraries, for reference.
@@ -28,7 +28,8 @@ QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.",
 
 
 def emit(**rec):
-    print(json.dumps(rec), flush=True)
+    # Other work on the machine changes the speed figures: say how busy it was.
+    print(json.dumps({**rec, "load_avg_1m": round(os.getloadavg()[0], 1)}), flush=True)
 
 
 class _Timing:
@@ -46,14 +47,17 @@ class _Timing:
         pass
 
 
-def bench_generate(model: str, max_new_tokens: int, repeats: int) -> None:
+def bench_generate(model: str, max_new_tokens: int, repeats: int, batch_sizes, threads) -> None:
     import torch
+    if threads:
+        torch.set_num_threads(threads)
     from swiftlite.generate import InferEngine
     engine = InferEngine.load(model=model)
     config = engine.generation_config(max_new_tokens=max_new_tokens)
+    config.min_new_tokens = max_new_tokens  # fixed-length answers: throughput, not answer length
     pad = engine.tokenizer.pad_token_id
     engine.generate_batch(QUESTIONS[:2], max_new_tokens=8)  # warm-up
-    for bs in (1, 8):
+    for bs in batch_sizes:
         prompts = [engine.encode(q) for q in (QUESTIONS * 8)[:bs]]
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -66,9 +70,7 @@ def bench_generate(model: str, max_new_tokens: int, repeats: int) -> None:
                 out = engine.model.generate(input_ids=ids, attention_mask=mask,
                                             generation_config=config, streamer=timing)
             dt = time.perf_counter() - t0
-            new = out[:, width:].tolist()
-            n = sum(next((k + 1 for k, t in enumerate(row) if t in engine._eos), len(row))
-                    for row in new)
+            n = out[:, width:].numel()
             rec = dict(seconds=round(dt, 3), new_tokens=n, tokens_per_s=round(n / dt, 1),
                        ttft_s=round(timing.first - t0, 3))
             best = rec if best is None or rec["tokens_per_s"] > best["tokens_per_s"] else best
@@ -79,7 +81,7 @@ def bench_generate(model: str, max_new_tokens: int, repeats: int) -> None:
 
 
 CHILD = r"""
-import json, os, resource, sys, time
+import json, os, sys, time
 mode, ckpt, out = sys.argv[1:4]
 import torch, transformers, peft, safetensors  # the same imports in every mode
 t0 = time.time()
@@ -90,7 +92,10 @@ elif mode == "naive":
     from swiftlite.pipelines.merge import naive_merge
     from swiftlite.checkpoint_info import describe
     naive_merge(describe(ckpt).base_dir, ckpt, out, torch.float32)
-print(json.dumps({"peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child forked from a big parent
+# would report the parent's size.
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(json.dumps({"peak_rss_mib": round(hwm / 1024),
                   "seconds": round(time.time() - t0, 1)}))
 """
 
@@ -136,10 +141,12 @@ def main() -> None:
     p.add_argument("--ckpt_dir", help="merge this LoRA checkpoint (default: a random adapter)")
     p.add_argument("--max_new_tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     p.add_argument("--skip", choices=("generate", "merge"), action="append", default=[])
     a = p.parse_args()
     if "generate" not in a.skip:
-        bench_generate(a.model, a.max_new_tokens, a.repeats)
+        bench_generate(a.model, a.max_new_tokens, a.repeats, a.batch_sizes, a.threads)
     if "merge" not in a.skip:
         bench_merge(a.model, a.ckpt_dir)
 
