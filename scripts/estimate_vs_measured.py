@@ -3,8 +3,9 @@
 Each run is a child process: it imports torch/transformers/peft, records its resident memory
 (the baseline), trains a few steps with `swiftlite.sft` on samples cut to exactly
 --max_length tokens, and reports its peak resident memory (ru_maxrss). On a CPU the
-"device" is the process itself, so the measured training memory (peak - baseline) is
-compared with the estimate's per-device total for the "none" row (plain Trainer).
+"device" is the process itself: the memory training added on top of the process as it
+stood when training began, plus the weights, is compared with the estimate's per-device
+total for the "none" row (plain Trainer).
 
     .venv/bin/python scripts/estimate_vs_measured.py            # all runs, a markdown table
     .venv/bin/python scripts/estimate_vs_measured.py --runs tiny-qwen2:lora:ckpt
@@ -20,9 +21,9 @@ import sys
 import tempfile
 
 # model:train_type:checkpointing[:dtype]; bfloat16 runs use this CPU's AMX/AVX-512-BF16 units
-RUNS = ["tiny-qwen2:lora:ckpt", "tiny-qwen2:full:no", "SmolLM2-135M-Instruct:lora:no",
-        "SmolLM2-135M-Instruct:full:no", "SmolLM2-135M-Instruct:full:ckpt",
-        "SmolLM2-135M-Instruct:lora:no:bfloat16"]
+RUNS = ["tiny-qwen2:lora:ckpt", "SmolLM2-135M-Instruct:lora:no", "SmolLM2-135M-Instruct:full:no",
+        "SmolLM2-135M-Instruct:lora:no:bfloat16", "SmolLM2-135M-Instruct:full:ckpt",
+        "tiny-qwen2:full:no"]
 
 
 def rss_bytes() -> int:
@@ -92,13 +93,18 @@ def estimated(model: str, train_type: str, ckpt: bool, max_length: int, batch: i
 
 def measure(run: str, max_length: int, batch: int, steps: int) -> dict:
     model, train_type, ckpt, dtype = (run.split(":") + ["float32"])[:4]
+    # glibc keeps freed heap memory resident (fragmentation), so a process's RSS overstates
+    # the tensors alive at its peak by up to a third here; allocations of 64 KiB and more
+    # from mmap are returned at once, and RSS then tracks live memory.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     with tempfile.TemporaryDirectory() as out:
         r = subprocess.run([sys.executable, __file__, "--child", run, "--max_length",
                             str(max_length), "--batch", str(batch), "--steps", str(steps),
-                            "--out", out], capture_output=True, text=True)
+                            "--out", out], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"{run} failed:\n{r.stderr[-3000:]}")
     got = json.loads(r.stdout.strip().splitlines()[-1])
+    print(json.dumps({"run": run, **got}), file=sys.stderr, flush=True)
     est = estimated(model, train_type, ckpt == "ckpt", max_length, batch, dtype)
     return {"run": run, **got, "estimated": est,
             "error_pct": round(100 * (est - got["measured"]) / got["measured"], 1)}
