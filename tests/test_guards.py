@@ -116,6 +116,8 @@ def test_real_out_of_memory_is_answered_with_the_next_step(tmp_path):
         [sys.executable, "-c", OOM_SCRIPT, "sft", "--model", "tiny-qwen2", "--dataset",
          "self-cognition#64", "--max_steps", "2", "--per_device_train_batch_size", "64",
          "--gradient_accumulation_steps", "1", "--gradient_checkpointing", "false",
+         # fp32 and the model's own loss: the full logits must exist, whatever the defaults
+         "--torch_dtype", "float32", "--chunked_loss", "false",
          "--output_dir", str(tmp_path), "--report_to", "none"],
         capture_output=True, text=True, cwd=REPO, timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
@@ -137,6 +139,7 @@ def test_diverging_loss_stops_the_run(tmp_path):
         swiftlite.sft(model="tiny-qwen2", dataset=["self-cognition#16"], train_type="full",
                       max_steps=4, per_device_train_batch_size=4, gradient_accumulation_steps=1,
                       learning_rate=1e20, warmup_ratio=0, logging_steps=1, save_steps=100,
+                      torch_dtype="float32",
                       output_dir=str(tmp_path), report_to="none")
     msg = str(e.value)
     assert "became nan at step 2" in msg and "lower --learning_rate" in msg
