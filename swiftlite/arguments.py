@@ -36,8 +36,8 @@ class ModelArguments:
     system: Optional[str] = arg(None, "default system prompt (replaces the template's)",
                                 group="model")
     torch_dtype: str = arg("auto", "weights dtype; auto: bf16 on Ampere+ GPUs and Ascend, fp16 "
-                           "on T4/V100, fp32 on CPU", choices=("auto", "bfloat16", "float16",
-                                                               "float32"), group="model")
+                           "on T4/V100; on CPU bf16 for LoRA with AMX/AVX-512-BF16, else fp32",
+                           choices=("auto", "bfloat16", "float16", "float32"), group="model")
     trust_remote_code: bool = arg(False, "run code shipped with the model (off: safer)",
                                   group="model")
     attn_impl: Optional[str] = arg(None, "attention implementation (sdpa, eager, "

@@ -42,6 +42,8 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     t_start = time.time()
     hw = hardware.detect()
     dtype = hardware.resolve_dtype(args.torch_dtype, hw)
+    if args.torch_dtype in (None, "auto") and hw.device == "cpu" and args.train_type == "full":
+        dtype = "float32"  # bf16 CPU default is for LoRA: full FT needs fp32 master weights
 
     # 1. Data: read and validate every row before loading anything heavy.
     train_convs, load_report = load_conversations(
