@@ -58,15 +58,17 @@ def run(args: MergeArguments) -> str:
 
     import torch
     from .. import merge_shards as ms
-    from ..hardware import detect, resolve_dtype
     from ..models.loader import load_tokenizer, torch_dtype
     from ..template import get_template
     from transformers import AutoConfig
 
-    dtype_name = args.torch_dtype if args.torch_dtype != "auto" else (
-        ckpt.torch_dtype or resolve_dtype("auto", detect()))
-    out_dtype = torch_dtype(dtype_name)
     config = AutoConfig.from_pretrained(ckpt.base_dir)
+    # The training dtype; for an adapter without args.json, the base model's own dtype.
+    base_dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
+    dtype_name = args.torch_dtype if args.torch_dtype != "auto" else (
+        ckpt.torch_dtype or (base_dtype if base_dtype in ("float32", "bfloat16", "float16")
+                             else "float32"))
+    out_dtype = torch_dtype(dtype_name)
     tokenizer = load_tokenizer(ckpt.tokenizer_dir())
     template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
 
