@@ -111,8 +111,11 @@ def run(args: MergeArguments) -> str:
                        "merged_from": os.path.abspath(args.ckpt_dir),
                        "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)
         if args.verify:
-            diff = max_logit_difference(ckpt.base_dir, args.ckpt_dir, tmp, template)
-            note = "" if dtype_name == "float32" else f" (includes rounding to {dtype_name})"
+            diff, rounding = max_logit_difference(ckpt.base_dir, args.ckpt_dir, tmp, template,
+                                                  None if dtype_name == "float32" else out_dtype)
+            note = "" if rounding is None else (
+                f" ({dtype_name} weights; for scale, the unmerged adapter model in {dtype_name} "
+                f"differs from fp32 by {rounding:.3g})")
             print(f"max |logit difference| adapter vs merged: {diff:.3g}{note}", flush=True)
             if dtype_name == "float32" and diff > 1e-2:
                 warn("the merged model's logits differ from the adapter's by more than 1e-2; "
@@ -210,25 +213,35 @@ def _logits(model, batches):
         return [model(input_ids=torch.tensor([ids])).logits.float() for ids in batches]
 
 
-def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template) -> float:
-    """Largest |logit| difference between base + adapter and the merged model on a few encoded
-    conversations. The two models are loaded one after the other, never together."""
+def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template,
+                         low_dtype=None) -> tuple[float, float | None]:
+    """Largest |logit| difference between base + adapter (fp32) and the merged model on a few
+    encoded conversations; with low_dtype, also that of base + adapter in low_dtype (what 16-bit
+    rounding alone costs, for scale). Models are loaded one after the other, never together."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     samples = [template.tokenizer(template.render(c, add_generation_prompt=c[-1]["role"] == "user")
                                   [0], add_special_tokens=False)["input_ids"]
                for c in CHECK_CONVERSATIONS]
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model = PeftModel.from_pretrained(model, ckpt_dir).eval()
-    ref = _logits(model, samples)
-    del model
-    gc.collect()
-    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
-    got = _logits(merged, samples)
-    del merged
-    gc.collect()
-    return max(float((a - b).abs().max()) for a, b in zip(ref, got))
+
+    def logits_of(path, dtype, adapter=None):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if adapter:
+            model = PeftModel.from_pretrained(model, adapter)
+        out = _logits(model.eval(), samples)
+        del model
+        gc.collect()
+        return out
+
+    def max_diff(a, b):
+        return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+    ref = logits_of(base_dir, torch.float32, ckpt_dir)
+    diff = max_diff(ref, logits_of(merged_dir, torch.float32))
+    rounding = None if low_dtype is None else max_diff(ref, logits_of(base_dir, low_dtype,
+                                                                      ckpt_dir))
+    return diff, rounding
 
 
 def main(argv: list[str]) -> None:
