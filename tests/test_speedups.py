@@ -224,3 +224,12 @@ def test_sft_help_is_instant():
     assert "--chunked_loss" in out.stdout and "--padding_free" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "[]"
     assert time.time() - t < 5  # < 1 s on an idle machine; loose here, CI shares the cores
+
+
+def test_allocator_tuning_applies_and_can_be_switched_off(monkeypatch):
+    """glibc's mmap threshold is fixed so freed activations go back to the OS (peak RSS);
+    SWIFTLITE_MALLOC_TUNING=0 leaves the allocator alone."""
+    from swiftlite.allocator import return_freed_memory
+    assert return_freed_memory() is sys.platform.startswith("linux")
+    monkeypatch.setenv("SWIFTLITE_MALLOC_TUNING", "0")
+    assert return_freed_memory() is False
