@@ -226,10 +226,11 @@ def test_sft_help_is_instant():
     assert time.time() - t < 5  # < 1 s on an idle machine; loose here, CI shares the cores
 
 
-def test_allocator_tuning_applies_and_can_be_switched_off(monkeypatch):
-    """glibc's mmap threshold is fixed so freed activations go back to the OS (peak RSS);
-    SWIFTLITE_MALLOC_TUNING=0 leaves the allocator alone."""
+def test_allocator_tuning_is_opt_in(monkeypatch):
+    """glibc's mmap threshold is fixed only with SWIFTLITE_MALLOC_TUNING=1 (lower peak RSS,
+    but slower steps: see allocator.py)."""
     from swiftlite.allocator import return_freed_memory
-    assert return_freed_memory() is sys.platform.startswith("linux")
-    monkeypatch.setenv("SWIFTLITE_MALLOC_TUNING", "0")
+    monkeypatch.delenv("SWIFTLITE_MALLOC_TUNING", raising=False)
     assert return_freed_memory() is False
+    monkeypatch.setenv("SWIFTLITE_MALLOC_TUNING", "1")
+    assert return_freed_memory() is sys.platform.startswith("linux")

@@ -41,7 +41,7 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     args.validate()
     t_start = time.time()
     from ..allocator import return_freed_memory
-    return_freed_memory()  # lower peak RSS: see allocator.py
+    return_freed_memory()  # opt-in (SWIFTLITE_MALLOC_TUNING=1): see allocator.py
     hw = hardware.detect()
     dtype = hardware.resolve_dtype(args.torch_dtype, hw)
     if args.torch_dtype in (None, "auto") and hw.device == "cpu" and args.train_type == "full":
