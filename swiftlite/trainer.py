@@ -15,6 +15,8 @@ from .errors import RunError
 from .log import is_main_process
 
 
+_USER_TB_DIR = os.environ.get("TENSORBOARD_LOGGING_DIR")  # a user's own choice wins
+
 def collator(tokenizer, padding_free: bool):
     """Padding-free: a batch is one row of concatenated samples whose position_ids restart at 0
     for each sample; transformers then keeps attention inside each sample (SDPA or flash).
@@ -174,8 +176,9 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         1, 16 // (args.per_device_train_batch_size * world))
     extra = dict(args.training_args)
     extra.setdefault("report_to", ["tensorboard"])
-    # transformers 5 reads the TensorBoard folder from the environment only.
-    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(run_dir, "runs"))
+    # transformers 5 reads the TensorBoard folder from the environment only. Set for every run
+    # (not setdefault): a second run in one Python process must not log into the first's folder.
+    os.environ["TENSORBOARD_LOGGING_DIR"] = _USER_TB_DIR or os.path.join(run_dir, "runs")
     extra.setdefault("include_num_input_tokens_seen",
                      "all" if args.padding_free else "non_padding")
     has_eval = val_ds is not None

@@ -146,3 +146,13 @@ def test_custom_dataset_example_with_validation_runs(tmp_path):
     assert any("eval_loss" in row for row in rows), rows
     assert (run / "images" / "eval_loss.png").exists()
     assert "dataset: 9 of 6 rows kept" in r.stderr  # 3 messages rows + alpaca#6 (3 rows, repeated)
+
+
+def test_two_runs_in_one_process_each_get_their_tensorboard_folder(chat_jsonl, tmp_path):
+    import swiftlite
+    runs = [swiftlite.sft(model="tiny-qwen2", dataset=[chat_jsonl], max_steps=1,
+                          output_dir=str(tmp_path)).output_dir for _ in range(2)]
+    assert runs[0] != runs[1]
+    for run in runs:
+        events = os.listdir(os.path.join(run, "runs"))
+        assert any(e.startswith("events.out.tfevents") for e in events), (run, events)
