@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.resources
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .errors import UsageError
 
@@ -203,6 +203,3 @@ def get_template(name: str, tokenizer, system: str | None = None) -> Template:
     """`swiftlite.get_template("qwen", tokenizer).encode(messages)`."""
     return Template(load_spec(name), tokenizer, system=system)
 
-
-def with_default_system(spec: TemplateSpec, system: str | None) -> TemplateSpec:
-    return replace(spec, default_system=system)
