@@ -127,7 +127,7 @@ def fill_run_form(page, max_steps: int):
     values = {"dataset": "self-cognition#32", "model_name": "Swifty", "model_author": "Lab",
               "max_steps": str(max_steps), "per_device_train_batch_size": "4",
               "gradient_accumulation_steps": "1", "learning_rate": "5e-3",
-              "logging_steps": "1", "save_steps": "3", "extra": "--report_to none"}
+              "logging_steps": "1", "save_steps": "15", "extra": "--report_to none"}
     for name, value in values.items():
         box = field(page, f"train-{name}")
         box.fill(value)
@@ -169,9 +169,9 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         assert open(kept).read() == open(upload).read()
 
         # Preview shows the exact command.
-        fill_run_form(page, max_steps=6)
+        fill_run_form(page, max_steps=30)  # long enough to see the curve grow on a fast machine
         cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite sft")
-        for flag in ("--model tiny-qwen2", "--dataset 'self-cognition#32'", "--max_steps 6",
+        for flag in ("--model tiny-qwen2", "--dataset 'self-cognition#32'", "--max_steps 30",
                      "--learning_rate 0.005", "--logging_steps 1", "--report_to none",
                      f"--output_dir {root}/tiny-qwen2"):
             assert flag in cmd, cmd
@@ -194,7 +194,7 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         shot(page, "train-finished")
         (run,) = find_runs(root)
         assert read_state(run)["status"] == "finished" and read_state(run)["returncode"] == 0
-        ckpt = os.path.join(run, "checkpoint-6")
+        ckpt = os.path.join(run, "checkpoint-30")
         assert os.path.isfile(os.path.join(ckpt, "adapter_config.json"))
 
         # The same state after a reload and in a second browser.
