@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-from .errors import SwiftliteError
+from .errors import SwiftliteError, UsageError
 
 # command -> (module:function taking argv, one-line description)
 COMMANDS = {
@@ -77,21 +77,23 @@ def parse_argv(cls, argv: list[str], prog: str, description: str, epilog: str = 
     parser = build_parser(cls, prog, description, epilog)
     ns, rest = parser.parse_known_args(argv)
     values.update(vars(ns))
-    values.update(_extra_flags(rest, parser))
+    values.update(flag_pairs(rest))
     return build(cls, values, where=where)
 
 
-def _extra_flags(rest: list[str], parser) -> dict:
-    """`--name value [value ...]` pairs that the generated parser does not know (e.g.
-    TrainingArguments fields); `build` checks the names."""
+def flag_pairs(tokens: list[str], where: str = "command line") -> dict:
+    """`--name value [value ...]` pairs (e.g. TrainingArguments fields the generated parser does
+    not know) -> {name: value or [values]}; a bare `--flag` means true. `build` checks names.
+    Shared with the Web-UI's extra-arguments box."""
     out, name = {}, None
-    for tok in rest:
+    for tok in tokens:
         if tok.startswith("--"):
             name, _, val = tok[2:].partition("=")
             name = name.replace("-", "_")
             out[name] = [val] if val else []
         elif name is None:
-            parser.error(f"unexpected value {tok!r}: values follow a --flag")
+            raise UsageError(f"{where}: unexpected {tok!r}; write --name value pairs, "
+                             "e.g. --report_to none")
         else:
             out[name].append(tok)
     return {k: (v[0] if len(v) == 1 else ("true" if not v else v)) for k, v in out.items()}

@@ -13,6 +13,7 @@ import os
 import shlex
 
 from swiftlite.arguments import SftArguments, base_type, build
+from swiftlite.cli import flag_pairs
 from swiftlite.errors import UsageError
 
 # The fields the issue asks for up front, in this order; every other field of SftArguments is
@@ -115,18 +116,7 @@ def parse_extra(text: str) -> dict:
         words = shlex.split(text or "")
     except ValueError as e:
         raise UsageError(f"extra arguments: {e}") from None
-    out, name = {}, None
-    for w in words:
-        if w.startswith("--"):
-            name, _, val = w[2:].partition("=")
-            name = name.replace("-", "_")
-            out[name] = [val] if val else []
-        elif name is None:
-            raise UsageError(f"extra arguments: unexpected {w!r}; write --name value pairs, "
-                             "e.g. --report_to none")
-        else:
-            out[name].append(w)
-    return {k: (v[0] if len(v) == 1 else ("true" if not v else v)) for k, v in out.items()}
+    return flag_pairs(words, where="extra arguments")
 
 
 def to_args(raw: dict, extra: str = "", *, output_root: str | None = None) -> SftArguments:
