@@ -5,12 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # The Web-UI tests drive Debian's Chromium through Playwright (Playwright's own browser
-# download is not reachable offline).
-if ! command -v chromium >/dev/null 2>&1; then
+# download is not reachable offline); tcmalloc is the allocator swiftlite preloads when present
+# (lower peak memory, see swiftlite/allocator.py), and its tests need it.
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+.venv/bin/python -c "import sys; from swiftlite.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)" \
+  || missing+=(libtcmalloc-minimal4)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium install failed"
+    (apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null) || echo "apt-get install ${missing[*]} failed"
   else
-    echo "chromium is missing: sudo apt-get install -y chromium (the browser tests will fail)"
+    echo "missing: sudo apt-get install -y ${missing[*]} (the browser and allocator tests will fail or skip)"
   fi
 fi
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False

@@ -1,31 +1,83 @@
-"""Give freed activation memory back to the OS during training (glibc malloc on Linux).
+"""tcmalloc for the commands that train or run a model (Linux), when the system has it.
 
-glibc raises its mmap threshold each time a large block is freed, so after the first steps the
-big, short-lived tensors of forward/backward come from the heap, and freed heap memory is
-kept by the process: peak RSS of a SmolLM2-135M LoRA step at 1,600 tokens was 3.0 GB, of
-which 1.7 GB were such cached free blocks. Fixing the threshold (as setting
-MALLOC_MMAP_THRESHOLD_ would) keeps large tensors in their own mappings, returned on free:
-peak 1.3 GB for the same step. The price is a page fault on every large allocation: a
-900-token bf16 step took 14.8 s of CPU instead of 8.2 s (1 thread, measured 2x each way), so
-it is opt-in: SWIFTLITE_MALLOC_TUNING=1 for memory-bound runs.
+PyTorch's CPU tensors come from the C library's malloc. glibc's malloc serves the short-lived
+activation buffers of forward/backward from its heap, and the long-lived tensors that
+gradient checkpointing keeps between them (each layer's input) split that heap into holes it
+cannot give back: one SmolLM2-135M LoRA step of 1,600 tokens left a 2.3 GB heap of which
+2.1 GB was free (mallinfo2), and peak RSS was 3.3 GB for 1.3 GB of live data. Making glibc
+map large blocks separately (MALLOC_MMAP_THRESHOLD_) frees them but makes the steps 2x slower
+(a page fault per 4 KiB touched). tcmalloc keeps freed memory in size classes it reuses: the
+same five steps peaked at 1.4 GB and ran 9% faster (measurements in docs/performance.md).
+
+The allocator has to be in place before the process' first malloc, so `swiftlite sft`,
+`infer` and `merge-lora` re-execute themselves once with tcmalloc in LD_PRELOAD (about 50 ms,
+before torch is imported); torchrun ranks and Web-UI runs inherit it. Nothing changes when
+the library is missing (Debian/Ubuntu: `apt-get install libtcmalloc-minimal4`), and
+SWIFTLITE_ALLOCATOR=glibc keeps the system allocator.
 """
 from __future__ import annotations
 
-import ctypes
 import ctypes.util
+import glob
 import os
 import sys
 
-M_MMAP_THRESHOLD = -3
-THRESHOLD = 128 * 1024  # glibc's own starting value, kept fixed instead of growing
+ENV = "SWIFTLITE_ALLOCATOR"  # "glibc": leave malloc alone; otherwise tcmalloc when found
+NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+        "/usr/local/lib", os.path.join(sys.prefix, "lib"))
+INSTALL_HINT = "apt-get install libtcmalloc-minimal4"
 
 
-def return_freed_memory() -> bool:
-    """Fix glibc's mmap threshold; True when applied."""
-    if os.environ.get("SWIFTLITE_MALLOC_TUNING", "0") != "1" or not sys.platform.startswith("linux"):
-        return False
+def find_tcmalloc() -> str | None:
+    """Path of a tcmalloc shared library on this system, or None."""
+    for d in DIRS:
+        for name in NAMES:
+            path = os.path.join(d, name)
+            if os.path.exists(path):
+                return path
+    found = ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
+    if found:  # a bare soname: the dynamic loader finds it the same way LD_PRELOAD will
+        return found
+    return next(iter(glob.glob("/usr/lib/*/libtcmalloc*.so.4")), None)
+
+
+def active() -> str:
+    """The allocator of this process: "tcmalloc" or "glibc" (read from its memory map)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD))
-    except (OSError, AttributeError):  # not glibc (musl, ...): nothing to tune
-        return False
+        with open("/proc/self/maps") as f:
+            return "tcmalloc" if "libtcmalloc" in f.read() else "glibc"
+    except OSError:
+        return "glibc"
+
+
+def reexec_with_tcmalloc(argv: list[str]) -> None:
+    """Replace this process with `python -m swiftlite.cli ARGV` under tcmalloc, when wanted
+    and possible; otherwise return and go on with the current allocator."""
+    if not sys.platform.startswith("linux") or os.environ.get(ENV, "").lower() == "glibc":
+        return
+    if os.environ.get(ENV) == "tcmalloc" or active() == "tcmalloc":
+        return  # already re-executed (or preloaded by the user): never loop
+    lib = find_tcmalloc()
+    if lib is None:
+        return
+    preload = os.environ.get("LD_PRELOAD")
+    env = {**os.environ, ENV: "tcmalloc", "LD_PRELOAD": f"{lib}:{preload}" if preload else lib,
+           # tcmalloc reports every allocation over 1 GiB on stderr; a long prompt's logits are
+           # such an allocation and not worth a line.
+           "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "swiftlite.cli", *argv], env)
+
+
+def describe() -> str:
+    """One line for the run log: which allocator, and how to change it."""
+    if not sys.platform.startswith("linux"):
+        return "memory allocator: the system's"
+    if active() == "tcmalloc":
+        return f"memory allocator: tcmalloc ({ENV}=glibc for the system's)"
+    if os.environ.get(ENV, "").lower() == "glibc":
+        return f"memory allocator: glibc ({ENV}=glibc)"
+    return ("memory allocator: glibc; peak memory is about 2x lower with tcmalloc "
+            f"({INSTALL_HINT})")

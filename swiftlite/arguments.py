@@ -118,6 +118,9 @@ class TrainArguments:
     chunked_loss: bool = arg(True, "LM head and loss only at trained positions, in chunks (less "
                              "time, no length x vocab logits in memory); false: the model's own "
                              "loss", group="train")
+    fast_dropout: bool = arg(True, "LoRA dropout masks from 16 random bits per element on a "
+                             "CPU (~3x cheaper than torch's bernoulli); false: nn.Dropout",
+                             group="train")
     fp32_activations: bool = arg(True, "with --torch_dtype bfloat16 on a CPU: bf16 matmuls but "
                                  "fp32 activations, so small LoRA updates are not rounded away; "
                                  "false: all-bf16 activations", group="train")

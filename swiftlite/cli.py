@@ -22,6 +22,8 @@ COMMANDS = {
     "web-ui": ("webui.app:main", "start the Gradio Web-UI"),
 }
 CONFIG_EXTS = (".yaml", ".yml", ".json")
+# Commands that run a model: worth tcmalloc's lower peak memory (see allocator.py).
+ALLOCATOR_COMMANDS = ("sft", "infer", "merge-lora")
 
 
 def build_parser(cls, prog: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
@@ -138,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swiftlite: unknown command {command!r}" + (f"; did you mean {close[0]!r}?" if close
               else f"; commands: {', '.join(COMMANDS)}"), file=sys.stderr)
         return 2
+    if command in ALLOCATOR_COMMANDS and not {"-h", "--help"} & set(argv):
+        from .allocator import reexec_with_tcmalloc  # returns unless it re-executes
+        reexec_with_tcmalloc(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # transformers 5 renamed gradient_checkpointing -> activation_checkpointing; peft and the
     # Trainer still call the old names on every step. Noise for users: hide just those.

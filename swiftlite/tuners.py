@@ -36,6 +36,9 @@ def prepare_model(model, args):
     except ValueError as e:
         from .errors import UsageError
         raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
+    if getattr(args, "fast_dropout", True):  # cheaper CPU dropout masks (see dropout.py)
+        from .dropout import use_fast_dropout
+        use_fast_dropout(model)
     from .precision import fp32_activations, wants_fp32_activations
     if wants_fp32_activations(model, args):  # bf16 matmuls, fp32 activations (see precision.py)
         fp32_activations(model)

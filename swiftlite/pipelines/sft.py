@@ -40,8 +40,9 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
         raise UsageError("swiftlite.sft: pass an SftArguments object or keyword arguments, not both.")
     args.validate()
     t_start = time.time()
-    from ..allocator import return_freed_memory
-    return_freed_memory()  # opt-in (SWIFTLITE_MALLOC_TUNING=1): see allocator.py
+    from ..allocator import describe as allocator_line
+    if is_main_process():
+        info(allocator_line())
     hw = hardware.detect()
     dtype = hardware.resolve_dtype(args.torch_dtype, hw)
     if args.torch_dtype in (None, "auto") and hw.device == "cpu" and args.train_type == "full":
