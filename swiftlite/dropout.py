@@ -6,12 +6,14 @@ multiplication it feeds. A LoRA model draws one mask per adapted layer input (7 
 layer with all-linear targets), twice when gradient checkpointing recomputes the layer: on
 SmolLM2-135M that was 22% of a training step (torch profiler, 900 tokens, fp32).
 
-Here one 64-bit draw from the same torch generator gives the random bits of four elements
-(16 each), and an element is dropped when its bits fall below round(p * 65536). The drop
-rate is p to within 1 / 131072 and the kept values are scaled by the exact inverse of the
-keep rate, so the output is unbiased like nn.Dropout's. Because the bits come from torch's
-default generator, a seeded run is reproducible and checkpointing's RNG-state replay
-recomputes the same mask. The backward pass keeps a 1-byte mask instead of a float one.
+Here each 64-bit draw from the same torch generator gives the random bits of eight elements
+(8 bits each), and an element is dropped when its byte is below round(p * 256). That rounds
+the drop rate to a multiple of 1/256 (0.05 -> 13/256 = 0.0508); when rounding would move it by
+more than 2% of p (p = 0.01, say), 16 bits per element are drawn instead (four per draw, the
+rate exact to 1/65536). The kept values are scaled by the exact inverse of the keep rate, so
+the output is unbiased like nn.Dropout's. Because the bits come from torch's default
+generator, a seeded run is reproducible and checkpointing's RNG-state replay recomputes the
+same mask. The backward pass keeps a 1-byte mask instead of a float one.
 
 The masks differ from nn.Dropout's (another use of the random stream), so a run with it
 matches one without it in distribution, not bit for bit; with p = 0 both are the identity.
@@ -20,8 +22,16 @@ from __future__ import annotations
 
 import torch
 
-BITS = 16
-LEVELS = 1 << BITS
+RATE_TOLERANCE = 0.02  # relative change of p that 8-bit masks may make
+
+
+def mask_bits(p: float) -> tuple[int, int]:
+    """(bits per element, threshold): an element is dropped when its bits are < threshold."""
+    for bits in (8, 16):
+        threshold = round(p * (1 << bits))
+        if abs(threshold / (1 << bits) - p) <= RATE_TOLERANCE * p:
+            break
+    return bits, threshold
 
 
 class _DropScale(torch.autograd.Function):
@@ -39,15 +49,18 @@ class _DropScale(torch.autograd.Function):
         return torch.where(drop, 0.0, grad * ctx.scale), None, None
 
 
-def drop_mask(shape, p: float) -> tuple[torch.Tensor, float]:
-    """A bool mask (True = drop) with P(True) ~= p, and the scale for the kept elements."""
-    threshold = round(p * LEVELS)  # elements whose 16 bits are below this are dropped
+def drop_mask(shape, bits: int, threshold: int) -> torch.Tensor:
+    """A bool mask (True = drop) with P(True) = threshold / 2**bits."""
     n = 1
     for d in shape:
         n *= d
-    words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-2**63, 2**63 - 1)
-    bits = words.view(torch.int16)[:n].view(shape)  # each uniform on [-32768, 32767]
-    return bits < threshold - LEVELS // 2, LEVELS / (LEVELS - threshold)
+    per_word = 64 // bits
+    words = torch.empty((n + per_word - 1) // per_word, dtype=torch.int64)
+    words.random_(-2**63, 2**63 - 1)  # every bit uniform
+    if bits == 8:
+        return words.view(torch.uint8)[:n].view(shape) < threshold
+    # int16 is signed: values run from -32768, so shift the threshold by as much
+    return words.view(torch.int16)[:n].view(shape) < threshold - (1 << 15)
 
 
 class FastDropout(torch.nn.Module):
@@ -58,27 +71,29 @@ class FastDropout(torch.nn.Module):
         if not 0 <= p < 1:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
+        self.bits, self.threshold = mask_bits(p)
+        self.rate = self.threshold / (1 << self.bits)  # the drop rate the masks really have
 
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
         if x.device.type != "cpu":  # GPU bernoulli is cheap (Philox); keep the stock kernel
             return torch.nn.functional.dropout(x, self.p, True)
-        drop, scale = drop_mask(x.shape, self.p)
-        return _DropScale.apply(x, drop, scale)
+        drop = drop_mask(x.shape, self.bits, self.threshold)
+        return _DropScale.apply(x, drop, 1 / (1 - self.rate))
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}, drawn as {self.threshold}/{1 << self.bits} = {self.rate:.4g}"
 
 
-def use_fast_dropout(model) -> int:
-    """Replace the nn.Dropout modules in peft's `lora_dropout` dicts; returns how many."""
-    n = 0
+def use_fast_dropout(model) -> list[FastDropout]:
+    """Replace the nn.Dropout modules in peft's `lora_dropout` dicts; returns the new ones."""
+    new = []
     for module in model.modules():
         dropouts = getattr(module, "lora_dropout", None)
         if isinstance(dropouts, torch.nn.ModuleDict):
             for name, drop in dropouts.items():
                 if type(drop) is torch.nn.Dropout and drop.p > 0:
                     dropouts[name] = FastDropout(drop.p)
-                    n += 1
-    return n
+                    new.append(dropouts[name])
+    return new

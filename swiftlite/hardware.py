@@ -14,12 +14,9 @@ from .errors import UsageError
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
-# The dtype `--torch_dtype auto` picks on a CPU. fp32 until bf16 is measured to learn equally
-# well on CPUs that have AMX-BF16 / AVX-512-BF16 (see cpu_bf16); then set CPU_BF16_DTYPE to
-# "bfloat16" and such CPUs switch, while CPUs without those units stay on fp32.
+# `--torch_dtype auto` on a CPU: fp32, except LoRA training where the CPU has bf16 units
+# (training_dtype).
 CPU_DTYPE = "float32"
-CPU_BF16_DTYPE = "float32"  # bf16 measured ~1.4x fp32 at the same loss curve
-# (docs/performance.md); not the default yet: merge-lora's adapter-vs-merged check expects fp32 runs
 
 AMPERE = (8, 0)  # first CUDA generation with bf16 and flash-attention 2 (A100, A10, 3090)
 
@@ -68,12 +65,12 @@ def has_bf16(hw: Hardware) -> bool:
 
 def default_dtype(hw: Hardware) -> str:
     """bf16 on Ampere+ CUDA and on Ascend; fp16 (with loss scaling) on pre-Ampere CUDA such as
-    T4 and V100; CPU_DTYPE / CPU_BF16_DTYPE on a CPU."""
+    T4 and V100; fp32 on a CPU (see training_dtype for LoRA training there)."""
     if hw.device == "cuda":
         return "bfloat16" if has_bf16(hw) else "float16"
     if hw.device == "npu":
         return "bfloat16"
-    return CPU_BF16_DTYPE if hw.cpu_bf16 else CPU_DTYPE
+    return CPU_DTYPE
 
 
 def resolve_dtype(requested: str | None, hw: Hardware) -> str:
@@ -90,6 +87,19 @@ def resolve_dtype(requested: str | None, hw: Hardware) -> str:
         raise UsageError("--torch_dtype float16: mixed-precision fp16 training needs a GPU or "
                          "NPU; on a CPU use float32 or bfloat16.")
     return requested
+
+
+def training_dtype(requested: str | None, hw: Hardware, train_type: str = "lora",
+                   deepspeed: str | None = None) -> str:
+    """`swiftlite sft`'s compute dtype. On a CPU with AMX-BF16 or AVX-512-BF16, `auto` trains
+    LoRA on a bf16 base with fp32 activations, LoRA weights and optimizer (precision.py): 1.33x
+    fp32's tokens/s at the same final loss in the side-by-side benchmark (docs/performance.md).
+    Full fine-tuning (it needs fp32 master weights) and DeepSpeed on a CPU stay fp32."""
+    dtype = resolve_dtype(requested, hw)
+    if requested in (None, "auto") and hw.device == "cpu":
+        bf16 = hw.cpu_bf16 and train_type == "lora" and not deepspeed
+        return "bfloat16" if bf16 else CPU_DTYPE
+    return dtype
 
 
 def weights_dtype(dtype: str, train_type: str) -> str:
@@ -136,6 +146,8 @@ def visible_devices_env(hw: Hardware) -> str | None:
 def describe(hw: Hardware) -> str:
     """One line for logs: what was found and what was decided."""
     dtype = default_dtype(hw)
+    if hw.device == "cpu" and hw.cpu_bf16:
+        dtype += " (LoRA training: bfloat16 base, fp32 activations)"
     mem = f", {hw.memory_bytes / 2**30:.0f} GiB" if hw.memory_bytes else ""
     cap = f", compute capability {hw.capability[0]}.{hw.capability[1]}" if hw.capability else ""
     return (f"{hw.count} x {hw.name} ({hw.device}{cap}{mem}): default dtype {dtype}, "

@@ -38,7 +38,10 @@ def prepare_model(model, args):
         raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
     if getattr(args, "fast_dropout", True):  # cheaper CPU dropout masks (see dropout.py)
         from .dropout import use_fast_dropout
-        use_fast_dropout(model)
+        fast = use_fast_dropout(model)
+        if fast and fast[0].rate != fast[0].p:
+            info(f"--fast_dropout: lora_dropout {fast[0].p} is drawn as {fast[0].threshold}/"
+                 f"{1 << fast[0].bits} = {fast[0].rate:.4g} (--fast_dropout false: exactly)")
     from .precision import fp32_activations, wants_fp32_activations
     if wants_fp32_activations(model, args):  # bf16 matmuls, fp32 activations (see precision.py)
         fp32_activations(model)

@@ -74,4 +74,5 @@ def tiny_run(tmp_path_factory, tiny_qwen2, chat_jsonl):
     return swiftlite.sft(model="tiny-qwen2", dataset=[chat_jsonl + "#32"], max_steps=8,
                          per_device_train_batch_size=4, gradient_accumulation_steps=1,
                          learning_rate=2e-2, save_steps=4, logging_steps=1,
-                         output_dir=str(out))  # default report_to: tensorboard (runs/)
+                         # fp32 even on a bf16 CPU: the merge tests check logits to 1e-4
+                         torch_dtype="float32", output_dir=str(out))  # default report_to: tensorboard (runs/)

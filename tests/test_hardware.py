@@ -105,18 +105,22 @@ def test_this_cpu_is_detected_for_real():
     assert "gloo" in hardware.describe(hw)
 
 
-def test_cpu_bf16_default_is_one_switch(monkeypatch, tmp_path):
+def test_cpu_bf16_default_is_for_lora_training(tmp_path):
     info = tmp_path / "cpuinfo"
     info.write_text("processor : 0\nflags : fpu sse avx512f avx512_bf16 amx_bf16\n")
     assert hardware.cpu_has_bf16(str(info))
     info.write_text("processor : 0\nflags : fpu sse avx2\n")
     assert not hardware.cpu_has_bf16(str(info))
     with_bf16, without = Hardware("cpu", "cpu", cpu_bf16=True), Hardware("cpu", "cpu")
-    assert hardware.default_dtype(with_bf16) == hardware.CPU_BF16_DTYPE
-    assert hardware.default_dtype(without) == hardware.CPU_DTYPE == "float32"
-    monkeypatch.setattr(hardware, "CPU_BF16_DTYPE", "bfloat16")
-    assert hardware.default_dtype(with_bf16) == "bfloat16"
-    assert hardware.default_dtype(without) == "float32"
+    assert hardware.default_dtype(with_bf16) == hardware.default_dtype(without) == "float32"
+    assert hardware.training_dtype("auto", with_bf16, "lora") == "bfloat16"
+    assert hardware.training_dtype(None, with_bf16, "lora") == "bfloat16"
+    assert hardware.training_dtype("auto", without, "lora") == "float32"
+    assert hardware.training_dtype("auto", with_bf16, "full") == "float32"  # fp32 master weights
+    assert hardware.training_dtype("auto", with_bf16, "lora", "zero2") == "float32"
+    assert hardware.training_dtype("float32", with_bf16, "lora") == "float32"  # asked: kept
+    gpu = Hardware("cuda", "A10", (8, 6))
+    assert hardware.training_dtype("auto", gpu, "full") == "bfloat16"
 
 
 def test_explicit_dtype_wins_and_bad_values_are_refused():

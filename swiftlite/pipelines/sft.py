@@ -44,9 +44,7 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     if is_main_process():
         info(allocator_line())
     hw = hardware.detect()
-    dtype = hardware.resolve_dtype(args.torch_dtype, hw)
-    if args.torch_dtype in (None, "auto") and hw.device == "cpu" and args.train_type == "full":
-        dtype = "float32"  # bf16 CPU default is for LoRA: full FT needs fp32 master weights
+    dtype = hardware.training_dtype(args.torch_dtype, hw, args.train_type, args.deepspeed)
 
     # 1. Data: read and validate every row before loading anything heavy.
     train_convs, load_report = load_conversations(
