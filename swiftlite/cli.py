@@ -120,6 +120,7 @@ def sft_main(argv: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_process = argv is None  # the `swiftlite` command itself, not a call from Python
     argv = list(sys.argv[1:] if argv is None else argv)
     # The `deepspeed` launcher puts --local_rank=N before the command; LOCAL_RANK says the same.
     argv = [a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))]
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swiftlite: unknown command {command!r}" + (f"; did you mean {close[0]!r}?" if close
               else f"; commands: {', '.join(COMMANDS)}"), file=sys.stderr)
         return 2
-    if command in ALLOCATOR_COMMANDS and not {"-h", "--help"} & set(argv):
+    if own_process and command in ALLOCATOR_COMMANDS and not {"-h", "--help"} & set(argv):
         from .allocator import reexec_with_tcmalloc  # returns unless it re-executes
         reexec_with_tcmalloc(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

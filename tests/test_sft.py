@@ -94,7 +94,7 @@ def test_resume_matches_uninterrupted(tiny_run, chat_jsonl, tmp_path):
     resumed = swiftlite.sft(model="tiny-qwen2", dataset=[chat_jsonl + "#32"], max_steps=8,
                             per_device_train_batch_size=4, gradient_accumulation_steps=1,
                             learning_rate=2e-2, save_steps=4, logging_steps=1,
-                            output_dir=str(tmp_path), report_to="none",
+                            output_dir=str(tmp_path), report_to="none", torch_dtype="float32",
                             resume_from_checkpoint=ckpt4)
     full = {r["step"]: r["loss"] for r in read_log(tiny_run.output_dir) if "loss" in r}
     after = {r["step"]: r["loss"] for r in read_log(resumed.output_dir) if "loss" in r}

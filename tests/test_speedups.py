@@ -244,6 +244,19 @@ def test_commands_run_under_tcmalloc_when_installed(tiny_qwen2, chat_jsonl, tmp_
     assert "memory allocator: glibc (SWIFTLITE_ALLOCATOR=glibc)" in r.stderr
 
 
+def test_main_called_from_python_never_reexecutes(monkeypatch, tmp_path, capsys):
+    """Only the `swiftlite` process itself re-executes under tcmalloc: cli.main(argv) called from
+    Python (a notebook, a test runner) must not replace its caller's process."""
+    from swiftlite import cli
+
+    def no_exec(*a):
+        raise AssertionError("os.execve called from cli.main(argv)")
+    monkeypatch.setattr(os, "execve", no_exec)
+    monkeypatch.delenv("SWIFTLITE_ALLOCATOR", raising=False)
+    assert cli.main(["merge-lora", "--ckpt_dir", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+
+
 def test_tcmalloc_halves_peak_memory_of_checkpointed_training(smollm2, tmp_path):
     """Why swiftlite preloads tcmalloc: two checkpointed LoRA steps of SmolLM2-135M (800 and
     1,000 tokens) leave glibc's heap full of holes it cannot return, tcmalloc reuses them.
