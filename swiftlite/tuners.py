@@ -9,7 +9,8 @@ def prepare_model(model, args):
     if args.gradient_checkpointing:
         # Non-reentrant checkpointing gives gradients to LoRA weights without needing the
         # inputs to require grad, and recomputes each layer's forward exactly once.
-        kwargs = {"use_reentrant": False}
+        from .checkpointing import checkpoint_kwargs
+        kwargs = checkpoint_kwargs(getattr(args, "selective_checkpointing", False))
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:

@@ -22,12 +22,13 @@ from swiftlite.arguments import SftArguments
 
 
 def _lora_model(model_dir, dtype="float32", gradient_checkpointing=True, seed=0, attn_impl=None,
-                fp32_activations=True, lora_dropout=0.0, fast_dropout=True):
+                fp32_activations=True, lora_dropout=0.0, fast_dropout=True,
+                selective_checkpointing=False):
     from swiftlite.models.loader import load_model
     from swiftlite.tuners import prepare_model
     torch.manual_seed(seed)
     args = SftArguments(model="x", dataset=["x"], lora_dropout=lora_dropout, attn_impl=attn_impl,
-                        fast_dropout=fast_dropout,
+                        fast_dropout=fast_dropout, selective_checkpointing=selective_checkpointing,
                         gradient_checkpointing=gradient_checkpointing,
                         fp32_activations=fp32_activations)
     model = prepare_model(load_model(model_dir, dtype), args)
@@ -360,3 +361,45 @@ def test_fast_dropout_learns_like_torch_dropout(tiny_qwen2):
     learned = first - final[False]  # about 0.45 on this random tiny model
     assert learned > 0.2 and first - final[True] > 0.2, (first, final)
     assert abs(final[True] - final[False]) < 0.15 * learned, (first, final)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls(tiny_qwen2,
+                                                                                 dtype):
+    """--selective_checkpointing: the same loss and LoRA gradients as plain checkpointing (with
+    dropout 0.3, whose masks are replayed), and backward runs only the input-gradient matmuls
+    of the frozen weights: none is recomputed."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from swiftlite.trainer import collator
+
+    class FrozenMatmuls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if (func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+                    and not args[-1].requires_grad):  # a frozen weight
+                self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    tok, samples = _samples(tiny_qwen2)
+    batch = collator(tok, True)([dict(s) for s in samples])
+    results = {}
+    for selective in (False, True):
+        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3,
+                            selective_checkpointing=selective)
+        torch.manual_seed(1)
+        with FrozenMatmuls() as forward:
+            loss = model(**batch).loss
+        with FrozenMatmuls() as backward:
+            loss.backward()
+        results[selective] = (loss.item(), _grads(model), forward.n, backward.n)
+    assert results[True][0] == pytest.approx(results[False][0], rel=1e-6)
+    _assert_close_grads(results[False][1], results[True][1])
+    layers = 7 * 2  # tiny-qwen2: 2 layers of 7 frozen linears (+ the LM head, not checkpointed)
+    (_, _, fwd, plain), (_, _, fwd_sel, selective) = results[False], results[True]
+    assert fwd == fwd_sel == layers + 1
+    assert plain == fwd + layers  # input gradients + every layer matmul recomputed
+    assert selective == fwd  # input gradients only
