@@ -79,5 +79,9 @@ def describe() -> str:
         return f"memory allocator: tcmalloc ({ENV}=glibc for the system's)"
     if os.environ.get(ENV, "").lower() == "glibc":
         return f"memory allocator: glibc ({ENV}=glibc)"
+    lib = find_tcmalloc()
+    if lib:  # installed, but this process was not started as the `swiftlite` command
+        return ("memory allocator: glibc; peak memory is about 2x lower with tcmalloc: start "
+                f"Python with LD_PRELOAD={lib}")
     return ("memory allocator: glibc; peak memory is about 2x lower with tcmalloc "
             f"({INSTALL_HINT})")

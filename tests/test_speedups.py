@@ -245,6 +245,20 @@ def test_commands_run_under_tcmalloc_when_installed(tiny_qwen2, chat_jsonl, tmp_
     assert "memory allocator: glibc (SWIFTLITE_ALLOCATOR=glibc)" in r.stderr
 
 
+def test_allocator_line_says_what_runs_and_what_to_do(monkeypatch):
+    from swiftlite import allocator
+    monkeypatch.delenv("SWIFTLITE_ALLOCATOR", raising=False)
+    monkeypatch.setattr(allocator, "active", lambda: "glibc")
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: None)
+    assert "apt-get install libtcmalloc-minimal4" in allocator.describe()
+    monkeypatch.setattr(allocator, "find_tcmalloc", lambda: "/usr/lib/libtcmalloc_minimal.so.4")
+    assert "LD_PRELOAD=/usr/lib/libtcmalloc_minimal.so.4" in allocator.describe()  # Python API
+    monkeypatch.setenv("SWIFTLITE_ALLOCATOR", "glibc")
+    assert allocator.describe() == "memory allocator: glibc (SWIFTLITE_ALLOCATOR=glibc)"
+    monkeypatch.setattr(allocator, "active", lambda: "tcmalloc")
+    assert allocator.describe().startswith("memory allocator: tcmalloc")
+
+
 def test_main_called_from_python_never_reexecutes(monkeypatch, tmp_path, capsys):
     """Only the `swiftlite` process itself re-executes under tcmalloc: cli.main(argv) called from
     Python (a notebook, a test runner) must not replace its caller's process."""
