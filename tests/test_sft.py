@@ -146,7 +146,8 @@ def test_custom_dataset_example_with_validation_runs(tmp_path):
     rows = read_log(run)
     assert any("eval_loss" in row for row in rows), rows
     assert (run / "images" / "eval_loss.png").exists()
-    assert "dataset: 9 of 6 rows kept" in r.stderr  # 3 messages rows + alpaca#6 (3 rows, repeated)
+    # 3 messages rows + alpaca#6 (3 rows, repeated): 6 read, 9 samples
+    assert "dataset: 6 rows read -> 9 samples (#N sampling)" in r.stderr
 
 
 def test_two_runs_in_one_process_each_get_their_tensorboard_folder(chat_jsonl, tmp_path):

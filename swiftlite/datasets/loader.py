@@ -32,9 +32,16 @@ class LoadReport:
     skipped: Counter = field(default_factory=Counter)  # reason -> count
 
     def summary(self) -> str:
-        s = f"{self.kept} of {self.rows} rows kept"
-        if self.skipped:
-            s += "; skipped: " + ", ".join(f"{n} {k}" for k, n in self.skipped.most_common())
+        """e.g. "6 rows read -> 9 samples (#N sampling)", "10 rows read, 2 skipped (...) -> 8
+        samples": #N can repeat or leave out rows, so samples are not "kept rows"."""
+        bad = sum(self.skipped.values())
+        s = f"{self.rows} rows read"
+        if bad:
+            s += f", {bad} skipped (" + ", ".join(
+                f"{n} {k}" for k, n in self.skipped.most_common()) + ")"
+        s += f" -> {self.kept} samples"
+        if self.kept != self.rows - bad:
+            s += " (#N sampling)"
         return s
 
 
