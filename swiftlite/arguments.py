@@ -111,7 +111,7 @@ class TrainArguments:
                                        "memory", group="train")
     selective_checkpointing: bool = arg(False, "with --gradient_checkpointing: keep the outputs "
                                         "of frozen matmuls instead of recomputing them (faster, "
-                                        "about 0.6 MB more per token on a 135M model in fp32)",
+                                        "about 0.54 MB more per token on a 135M model in fp32)",
                                         group="train")
     deepspeed: Optional[str] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
                                    "zero3_offload, a JSON file or inline JSON", group="train")
@@ -123,8 +123,9 @@ class TrainArguments:
     chunked_loss: bool = arg(True, "LM head and loss only at trained positions, in chunks (less "
                              "time, no length x vocab logits in memory); false: the model's own "
                              "loss", group="train")
-    fast_dropout: bool = arg(True, "LoRA dropout masks from 16 random bits per element on a "
-                             "CPU (~3x cheaper than torch's bernoulli); false: nn.Dropout",
+    fast_dropout: bool = arg(True, "LoRA dropout masks from 8 random bits per element on a "
+                             "CPU (16 when 8 would round p too far; ~3x cheaper than torch's "
+                             "bernoulli); false: nn.Dropout",
                              group="train")
     fp32_activations: bool = arg(True, "with --torch_dtype bfloat16 on a CPU: bf16 matmuls but "
                                  "fp32 activations, so small LoRA updates are not rounded away; "

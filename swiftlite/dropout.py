@@ -20,6 +20,8 @@ matches one without it in distribution, not bit for bit; with p = 0 both are the
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 RATE_TOLERANCE = 0.02  # relative change of p that 8-bit masks may make
@@ -51,9 +53,7 @@ class _DropScale(torch.autograd.Function):
 
 def drop_mask(shape, bits: int, threshold: int) -> torch.Tensor:
     """A bool mask (True = drop) with P(True) = threshold / 2**bits."""
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     per_word = 64 // bits
     words = torch.empty((n + per_word - 1) // per_word, dtype=torch.int64)
     words.random_(-2**63, 2**63 - 1)  # every bit uniform

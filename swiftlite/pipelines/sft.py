@@ -41,13 +41,15 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     args.validate()
     t_start = time.time()
     from ..allocator import describe as allocator_line
-    if is_main_process():
-        info(allocator_line())
+    info(allocator_line())
     hw = hardware.detect()
     dtype = hardware.training_dtype(args.torch_dtype, hw, args.train_type, args.deepspeed)
-    how = "" if args.torch_dtype not in (None, "auto") else " (--torch_dtype auto" + (
-        ": bf16 frozen base, fp32 activations, LoRA and optimizer; --torch_dtype float32 for "
-        "all fp32)" if hw.device == "cpu" and dtype == "bfloat16" else ")")
+    how = ""
+    if args.torch_dtype in (None, "auto"):
+        cpu_bf16 = hw.device == "cpu" and dtype == "bfloat16"
+        how = " (--torch_dtype auto" + (": bf16 frozen base, fp32 activations, LoRA and "
+                                        "optimizer; --torch_dtype float32 for all fp32" if cpu_bf16
+                                        else "") + ")"
     info(f"training on {hw.device} in {dtype}{how}")
 
     # 1. Data: read and validate every row before loading anything heavy.
