@@ -127,6 +127,10 @@ class TrainArguments:
                              "CPU (16 when 8 would round p too far; ~3x cheaper than torch's "
                              "bernoulli); false: nn.Dropout",
                              group="train")
+    fused_lora: bool = arg(True, "on a CPU, each LoRA layer's adapter branch as one autograd "
+                           "function with its gradients in fast matmul layouts, and checkpointing "
+                           "no longer recomputes the last matmul of a layer; false: peft's modules",
+                           group="train")
     fp32_activations: bool = arg(True, "with --torch_dtype bfloat16 on a CPU: bf16 matmuls but "
                                  "fp32 activations, so small LoRA updates are not rounded away; "
                                  "false: all-bf16 activations", group="train")

@@ -160,7 +160,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"swiftlite {command}: interrupted", file=sys.stderr)
         return 130
+    _end_process_group()
     return 0
+
+
+def _end_process_group() -> None:
+    """A torchrun rank that trained ends its process group before exiting: left to the
+    interpreter's teardown, gloo's threads can abort a finished run ("terminate called without
+    an active exception", seen once in a ZeRO-2 offload test)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

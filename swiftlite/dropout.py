@@ -73,14 +73,21 @@ class FastDropout(torch.nn.Module):
         self.p = p
         self.bits, self.threshold = mask_bits(p)
         self.rate = self.threshold / (1 << self.bits)  # the drop rate the masks really have
+        self.keep_scale = 1 / (1 - self.rate)  # what kept values are multiplied by
+
+    def mask(self, shape) -> torch.Tensor | None:
+        """The drop mask of a training forward over `shape` (None: nothing to drop)."""
+        if not self.training or self.threshold == 0:
+            return None
+        return drop_mask(shape, self.bits, self.threshold)
 
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
         if x.device.type != "cpu":  # GPU bernoulli is cheap (Philox); keep the stock kernel
             return torch.nn.functional.dropout(x, self.p, True)
-        drop = drop_mask(x.shape, self.bits, self.threshold)
-        return _DropScale.apply(x, drop, 1 / (1 - self.rate))
+        drop = self.mask(x.shape)
+        return x if drop is None else _DropScale.apply(x, drop, self.keep_scale)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, drawn as {self.threshold}/{1 << self.bits} = {self.rate:.4g}"
