@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 NAME = "sdpa_packed"
+_HAS_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa
 
 
 def _segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
@@ -39,14 +40,17 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:
+    gqa = {}
+    if groups > 1 and _HAS_GQA:  # SDPA reads the shared K/V heads itself: no repeated copies
+        gqa = {"enable_gqa": True}
+    elif groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     rows = []
     for b in range(query.shape[0]):
         pos = position_ids[b if position_ids.shape[0] > 1 else 0]
         parts = [F.scaled_dot_product_attention(
             query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
-            dropout_p=dropout, scale=scaling, is_causal=True) for s, e in _segments(pos)]
+            dropout_p=dropout, scale=scaling, is_causal=True, **gqa) for s, e in _segments(pos)]
         rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
     out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
     return out.transpose(1, 2).contiguous(), None
