@@ -11,10 +11,14 @@ the fast layouts, scales the small rank-r activation instead of the large output
 dropout mask (1 byte per element) rather than the dropped input, and skips the input gradient
 where nothing upstream needs it (the first layer).
 
-The base matmul runs after the adapter branch. Its output is needed only to be added to the
-result, so when gradient checkpointing recomputes a decoder layer, torch stops the recompute
-once the last saved tensor is back and never redoes the layer's final matmul (down_proj): 1 of
-the 7 frozen matmuls per layer recomputed for nothing (about a quarter of the layer's FLOPs).
+The frozen base matmul is an autograd function that saves nothing (its weight is a frozen
+parameter, referenced rather than saved) and runs after the adapter branch. So when gradient
+checkpointing recomputes a decoder layer, torch stops the recompute once the last saved tensor
+is back, before the layer's final matmul (down_proj), which peft's order makes it redo for
+nothing: 1 of the 7 frozen matmuls of a layer, about a quarter of its FLOPs. With
+--selective_checkpointing the other base outputs are kept from the forward pass (bf16 on a bf16
+base) and handed to the recompute instead of multiplying again: no frozen matmul is recomputed,
+for memory of one output per frozen matmul and token (keep_frozen_outputs below).
 
 The numbers equal peft's to float rounding (same dropout masks: the mask is drawn from the same
 generator at the same point); tests/test_speedups.py checks loss and gradients. Anything the
@@ -66,6 +70,25 @@ class _LoraBranch(torch.autograd.Function):
         return grad_x, grad_a, grad_b, None, None
 
 
+class _FrozenLinear(torch.autograd.Function):
+    """x @ W^T (+ bias) in W's dtype for a frozen W, with the gradient of x only. W is kept on
+    ctx as a reference, not saved: a frozen parameter does not change within a step, and with
+    nothing saved checkpointing needs nothing of this op back (see above)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.weight, ctx.x_dtype = weight, x.dtype
+        return torch.nn.functional.linear(x.to(weight.dtype), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        w = ctx.weight
+        g = grad.reshape(-1, grad.shape[-1]).to(w.dtype)
+        return torch.mm(g, w).to(ctx.x_dtype).view(*grad.shape[:-1], w.shape[1]), None, None
+
+
 def _plain(layer, x, args, kwargs):
     """The adapter of `layer` when the fused path covers this call, else None."""
     if (args or kwargs or not layer.training or layer.disable_adapters or layer.merged
@@ -78,7 +101,7 @@ def _plain(layer, x, args, kwargs):
     dropout = layer.lora_dropout[name]
     if (type(base) is not torch.nn.Linear or base._forward_hooks or base._forward_pre_hooks
             or b.bias is not None or a.weight.dtype != x.dtype or b.weight.dtype != x.dtype
-            or hasattr(base.weight, "ds_id")  # ZeRO-3: DeepSpeed's hooks gather the weights
+            or base.weight.requires_grad or hasattr(base.weight, "ds_id")  # ZeRO-3: partitioned
             or not (isinstance(dropout, (FastDropout, torch.nn.Identity))
                     or (type(dropout) is torch.nn.Dropout and dropout.p == 0))):
         return None
@@ -98,8 +121,23 @@ def _fused_forward(self, x, *args, **kwargs):
     # The base matmul after the adapter branch, so checkpointing's recompute can stop before it
     # (see above). A bf16 base (fp32 activations, see precision.py) returns bf16 and the sum
     # with the fp32 branch is fp32: no separate pass to cast the base output.
-    w = self.base_layer.weight
-    return torch.nn.functional.linear(x.to(w.dtype), w, self.base_layer.bias) + lora
+    return _base_output(self, x) + lora
+
+
+def _base_output(layer, x):
+    """The frozen matmul, or its output kept from the forward pass when checkpointing
+    recomputes it (--selective_checkpointing: keep_frozen_outputs)."""
+    keep = layer._keep_output and torch.is_grad_enabled()
+    # Checkpointing recomputes a layer from inside backward, where a graph task is running.
+    in_backward = keep and torch._C._current_graph_task_id() != -1
+    if in_backward and layer._kept is not None:
+        kept, layer._kept = layer._kept, None
+        return kept
+    base = layer.base_layer
+    out = _FrozenLinear.apply(x, base.weight, base.bias)
+    if keep and not in_backward:
+        layer._kept = out.detach()
+    return out
 
 
 def use_fused_lora(model) -> int:
@@ -111,5 +149,22 @@ def use_fused_lora(model) -> int:
         if type(module) is Linear and "_peft_forward" not in vars(module):
             module._peft_forward = module.forward
             module.forward = types.MethodType(_fused_forward, module)
+            module._keep_output, module._kept = False, None
             n += 1
+    return n
+
+
+def keep_frozen_outputs(model) -> int:
+    """--selective_checkpointing with fused LoRA layers: each checkpointed decoder layer keeps
+    its base outputs from the forward pass for the recompute, except the layer's last one
+    (down_proj), which the recompute never reaches. Returns how many layers keep theirs."""
+    from peft.tuners.lora.layer import Linear
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    n = 0
+    for block in model.modules():
+        if isinstance(block, GradientCheckpointingLayer):
+            fused = [m for m in block.modules() if type(m) is Linear and "_peft_forward" in vars(m)]
+            for m in fused[:-1]:  # in registration order, which is the forward's (q ... down)
+                m._keep_output = True
+                n += 1
     return n

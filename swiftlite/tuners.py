@@ -10,7 +10,10 @@ def prepare_model(model, args):
         # Non-reentrant checkpointing gives gradients to LoRA weights without needing the
         # inputs to require grad, and recomputes each layer's forward exactly once.
         from .checkpointing import checkpoint_kwargs
-        kwargs = checkpoint_kwargs(getattr(args, "selective_checkpointing", False))
+        # Selective checkpointing: fused LoRA layers keep their frozen outputs themselves
+        # (fused_lora.keep_frozen_outputs); otherwise torch's policy-based version.
+        kwargs = checkpoint_kwargs(getattr(args, "selective_checkpointing", False)
+                                   and not _fuses_lora(args))
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
@@ -43,9 +46,11 @@ def prepare_model(model, args):
         if fast and fast[0].rate != fast[0].p:
             info(f"--fast_dropout: lora_dropout {fast[0].p} is drawn as {fast[0].threshold}/"
                  f"{1 << fast[0].bits} = {fast[0].rate:.4g} (--fast_dropout false: exactly)")
-    if getattr(args, "fused_lora", True):  # faster adapter gradients on CPU (see fused_lora.py)
-        from .fused_lora import use_fused_lora
+    if _fuses_lora(args):  # faster adapter gradients on CPU (see fused_lora.py)
+        from .fused_lora import keep_frozen_outputs, use_fused_lora
         use_fused_lora(model)
+        if args.gradient_checkpointing and getattr(args, "selective_checkpointing", False):
+            keep_frozen_outputs(model)
     from .precision import fp32_activations, wants_fp32_activations
     if wants_fp32_activations(model, args):  # bf16 matmuls, fp32 activations (see precision.py)
         fp32_activations(model)
@@ -53,6 +58,10 @@ def prepare_model(model, args):
     info(f"LoRA r={args.lora_rank} alpha={args.lora_alpha} on {target}: {trainable:,} trainable "
          f"of {total:,} parameters ({100 * trainable / total:.3f}%)")
     return model
+
+
+def _fuses_lora(args) -> bool:
+    return args.train_type == "lora" and getattr(args, "fused_lora", True)
 
 
 def _count(model, trainable_only: bool = True) -> int:

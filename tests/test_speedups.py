@@ -416,26 +416,35 @@ def _loss_grads_matmuls(model, batch, seed=1):
 LAYERS = 2  # tiny-qwen2: 2 decoder layers of 7 frozen linears (+ the LM head, not checkpointed)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype,fused_lora", [("float32", True), ("bfloat16", True),
+                                               ("float32", False), ("bfloat16", False)])
 def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls(tiny_qwen2,
-                                                                                 dtype):
+                                                                                 dtype,
+                                                                                 fused_lora):
     """--selective_checkpointing: the same loss and LoRA gradients as plain checkpointing (with
     dropout 0.3, whose masks are replayed), and backward runs only the input-gradient matmuls
-    of the frozen weights: none is recomputed."""
+    of the frozen weights: none is recomputed. Fused LoRA layers keep their outputs themselves;
+    peft's layers (--fused_lora false) go through torch's selective checkpointing."""
     from swiftlite.trainer import collator
     tok, samples = _samples(tiny_qwen2)
     batch = collator(tok, True)([dict(s) for s in samples])
     results = {}
     for selective in (False, True):
-        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3,
+        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3, fused_lora=fused_lora,
                             selective_checkpointing=selective)
         results[selective] = _loss_grads_matmuls(model, batch)
-    assert results[True][0] == pytest.approx(results[False][0], rel=1e-6)
-    _assert_close_grads(results[False][1], results[True][1])
+        # and again: nothing kept from the first step leaks into the second
+        results[selective, 2] = _loss_grads_matmuls(model, batch, seed=2)
+        # every kept output was handed to the recompute: none outlives the step
+        assert all(getattr(m, "_kept", None) is None for m in model.modules())
+    for step in (False, 2):
+        key = (lambda selective: selective if step is False else (selective, 2))
+        assert results[key(True)][0] == pytest.approx(results[key(False)][0], rel=1e-6)
+        _assert_close_grads(results[key(False)][1], results[key(True)][1])
     (_, _, fwd, plain), (_, _, fwd_sel, selective) = results[False], results[True]
     assert fwd == fwd_sel == 7 * LAYERS + 1
-    # plain: the input gradients, and every layer matmul recomputed but down_proj (fused_lora)
-    assert plain == fwd + 6 * LAYERS
+    # plain: the input gradients, and every layer matmul recomputed (but down_proj when fused)
+    assert plain == fwd + (6 if fused_lora else 7) * LAYERS
     assert selective == fwd  # input gradients only
 
 
