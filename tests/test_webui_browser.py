@@ -118,6 +118,9 @@ def shot(page, name):
     page.screenshot(path=os.path.join(SHOTS, f"{name}.png"), full_page=True)
 
 
+STEPS = 120  # of the run the browser test starts and watches
+
+
 def fill_run_form(page, max_steps: int):
     field(page, "train-model").fill("tiny-qwen2")
     page.get_by_role("option", name="tiny-qwen2", exact=True).click()
@@ -169,9 +172,12 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         assert open(kept).read() == open(upload).read()
 
         # Preview shows the exact command.
-        fill_run_form(page, max_steps=30)  # long enough to see the curve grow on a fast machine
+        # Long enough to see the curve grow on a fast machine: the page polls every 2 s, and 30
+        # steps of tiny-qwen2 took 1.9 s here.
+        fill_run_form(page, max_steps=STEPS)
         cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite sft")
-        for flag in ("--model tiny-qwen2", "--dataset 'self-cognition#32'", "--max_steps 30",
+        for flag in ("--model tiny-qwen2", "--dataset 'self-cognition#32'",
+                     f"--max_steps {STEPS}",
                      "--learning_rate 0.005", "--logging_steps 1", "--report_to none",
                      f"--output_dir {root}/tiny-qwen2"):
             assert flag in cmd, cmd
@@ -194,7 +200,7 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         shot(page, "train-finished")
         (run,) = find_runs(root)
         assert read_state(run)["status"] == "finished" and read_state(run)["returncode"] == 0
-        ckpt = os.path.join(run, "checkpoint-30")
+        ckpt = os.path.join(run, f"checkpoint-{STEPS}")
         assert os.path.isfile(os.path.join(ckpt, "adapter_config.json"))
 
         # The same state after a reload and in a second browser.
