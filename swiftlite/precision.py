@@ -35,8 +35,8 @@ def fp32_activations(model) -> int:
     return n
 
 
-def wants_fp32_activations(model, args) -> bool:
-    """On a CPU, for LoRA on a bf16 base (GPUs get mixed precision from the Trainer's autocast)."""
+def wants_fp32_activations(model, args, device: str = "cpu") -> bool:
+    """On a CPU, for LoRA on a bf16 base (GPUs get mixed precision from the Trainer's autocast).
+    `device`: where the model will train (it is loaded on the CPU either way)."""
     return (getattr(args, "fp32_activations", True) and args.train_type == "lora"
-            and getattr(model, "dtype", None) == torch.bfloat16
-            and next(model.parameters()).device.type == "cpu")
+            and getattr(model, "dtype", None) == torch.bfloat16 and device == "cpu")

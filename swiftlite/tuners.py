@@ -4,8 +4,16 @@ from __future__ import annotations
 from .log import info
 
 
-def prepare_model(model, args):
-    """Wrap `model` for training per args.train_type; returns the model to train."""
+def prepare_model(model, args, device: str | None = None):
+    """Wrap `model` for training per args.train_type; returns the model to train. `device`:
+    where it will train ("cpu", "cuda", "npu"); by default where its weights are now (the
+    Trainer moves a model loaded on the CPU to the GPU only later)."""
+    first = next(model.parameters())
+    device = device or first.device.type
+    # Fused LoRA layers on CPUs only (GPUs keep peft's layers under autocast), and not on
+    # ZeRO-3's partitioned weights, which DeepSpeed gathers through the modules' hooks.
+    fused = (args.train_type == "lora" and getattr(args, "fused_lora", True) and device == "cpu"
+             and not hasattr(first, "ds_id"))
     if args.gradient_checkpointing:
         # Non-reentrant checkpointing gives gradients to LoRA weights without needing the
         # inputs to require grad, and recomputes each layer's forward exactly once.
@@ -13,7 +21,7 @@ def prepare_model(model, args):
         # Selective checkpointing: fused LoRA layers keep their frozen outputs themselves
         # (fused_lora.keep_frozen_outputs); otherwise torch's policy-based version.
         kwargs = checkpoint_kwargs(getattr(args, "selective_checkpointing", False)
-                                   and not _fuses_lora(args))
+                                   and not fused)
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
@@ -46,22 +54,18 @@ def prepare_model(model, args):
         if fast and fast[0].rate != fast[0].p:
             info(f"--fast_dropout: lora_dropout {fast[0].p} is drawn as {fast[0].threshold}/"
                  f"{1 << fast[0].bits} = {fast[0].rate:.4g} (--fast_dropout false: exactly)")
-    if _fuses_lora(args):  # faster adapter gradients on CPU (see fused_lora.py)
+    if fused:  # faster adapter gradients (see fused_lora.py)
         from .fused_lora import keep_frozen_outputs, use_fused_lora
         use_fused_lora(model)
         if args.gradient_checkpointing and getattr(args, "selective_checkpointing", False):
             keep_frozen_outputs(model)
     from .precision import fp32_activations, wants_fp32_activations
-    if wants_fp32_activations(model, args):  # bf16 matmuls, fp32 activations (see precision.py)
+    if wants_fp32_activations(model, args, device):  # bf16 matmuls, fp32 activations
         fp32_activations(model)
     trainable, total = _count(model), _count(model, trainable_only=False)
     info(f"LoRA r={args.lora_rank} alpha={args.lora_alpha} on {target}: {trainable:,} trainable "
          f"of {total:,} parameters ({100 * trainable / total:.3f}%)")
     return model
-
-
-def _fuses_lora(args) -> bool:
-    return args.train_type == "lora" and getattr(args, "fused_lora", True)
 
 
 def _count(model, trainable_only: bool = True) -> int:

@@ -507,3 +507,26 @@ def test_fused_lora_leaves_other_cases_to_peft(tiny_qwen2):
     assert _plain(layer, x, (), {}) is None
     layer.merge()
     assert _plain(layer, x, (), {}) is None
+
+
+def test_gpu_runs_keep_peft_layers_and_torch_precision(tiny_qwen2):
+    """sft loads the model on the CPU and the Trainer moves it to the GPU later, so prepare_model
+    is told the training device: for a GPU neither fused LoRA layers nor the CPU's
+    fp32-activation patch, and --selective_checkpointing goes through torch's policy. (No GPU
+    here: only the device name is passed; nothing runs on it.)"""
+    from peft.tuners.lora.layer import Linear
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from swiftlite.models.loader import load_model
+    from swiftlite.tuners import prepare_model
+    args = SftArguments(model="x", dataset=["x"], selective_checkpointing=True)
+    for device, fused in (("cuda", False), ("cpu", True)):
+        model = prepare_model(load_model(tiny_qwen2, "bfloat16"), args, device)
+        lora = [m for m in model.modules() if isinstance(m, Linear)]
+        assert lora and all(("_peft_forward" in vars(m)) == fused for m in lora)
+        patched = [m for m in model.modules()
+                   if type(m) is torch.nn.Linear and "forward" in vars(m)]  # fp32 activations
+        assert bool(patched) == fused
+        block = next(m for m in model.modules() if isinstance(m, GradientCheckpointingLayer))
+        policy = "context_fn" in block._gradient_checkpointing_func.keywords
+        assert policy == (not fused)

@@ -110,7 +110,7 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     from ..tuners import prepare_model
     from transformers import set_seed
     set_seed(args.seed)  # same LoRA init in every run and on every rank (loss parity, resume)
-    model = prepare_model(model, args)
+    model = prepare_model(model, args, hw.device)
     tokenizer.chat_template = template.to_jinja()
 
     # 6. The Trainer, then the run folder with every resolved argument. The folder is made
