@@ -8,7 +8,9 @@ training the adapters barely change the forward pass and the loss falls more slo
 fp32 (seen on SmolLM2-135M: +1% loss after 4 steps). Here each frozen Linear casts its input
 to bf16, multiplies in bf16, and returns fp32, so the residual stream, norms, attention, the
 LoRA sums and the loss stay fp32 while the matmuls that dominate the cost run in bf16
-(what autocast does on GPUs, without casting the weights on every call).
+(what autocast does on GPUs, without casting the weights on every call). Fused LoRA layers
+(fused_lora.py) do the same for their base matmul themselves, adding its bf16 output to the
+fp32 adapter branch in one fp32 sum.
 """
 from __future__ import annotations
 
