@@ -43,9 +43,7 @@ class _LoraBranch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, a, b, scale, drop):
-        x2 = x.reshape(-1, x.shape[-1])
-        xd = x2 if drop is None else torch.where(drop.view(x2.shape), 0.0, x2)
-        h = torch.mm(xd, a.t()).mul_(scale)  # (tokens, r)
+        h = torch.mm(_dropped(x, drop), a.t()).mul_(scale)  # (tokens, r)
         ctx.save_for_backward(x, a, b, h, drop)  # the mask, not the dropped x: 1 byte/element
         ctx.scale = scale
         return torch.mm(h, b.t()).view(*x.shape[:-1], b.shape[0])
@@ -59,15 +57,19 @@ class _LoraBranch(torch.autograd.Function):
         gh = torch.mm(b.t().contiguous(), g.t()).t().mul_(ctx.scale)  # d loss / d (xd @ A^T)
         grad_a = grad_x = None
         if ctx.needs_input_grad[1]:
-            x2 = x.reshape(-1, x.shape[-1])
-            grad_a = torch.mm(gh.t(), x2 if drop is None else
-                              torch.where(drop.view(x2.shape), 0.0, x2))
+            grad_a = torch.mm(gh.t(), _dropped(x, drop))
         if ctx.needs_input_grad[0]:  # not in the first layer: nothing upstream learns
             grad_x = torch.mm(gh, a)
             if drop is not None:
                 grad_x.masked_fill_(drop.view(grad_x.shape), 0.0)
             grad_x = grad_x.view(x.shape)
         return grad_x, grad_a, grad_b, None, None
+
+
+def _dropped(x, drop):
+    """x as (tokens, features) with the dropped elements zeroed (the scale is applied on h)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if drop is None else torch.where(drop.view(x2.shape), 0.0, x2)
 
 
 class _FrozenLinear(torch.autograd.Function):
