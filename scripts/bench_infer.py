@@ -92,10 +92,8 @@ elif mode == "naive":
     from swiftlite.pipelines.merge import naive_merge
     from swiftlite.checkpoint_info import describe
     naive_merge(describe(ckpt).base_dir, ckpt, out, torch.float32)
-# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child forked from a big parent
-# would report the parent's size.
-hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-print(json.dumps({"peak_rss_mib": round(hwm / 1024),
+from swiftlite.memory import peak_rss_bytes
+print(json.dumps({"peak_rss_mib": round(peak_rss_bytes() / 2**20),
                   "seconds": round(time.time() - t0, 1)}))
 """
 

@@ -165,8 +165,9 @@ def cmd_ab(a, extra):
 
 
 _MEM_CHILD = r"""
-import json, resource, sys, torch
+import json, sys, torch
 from swiftlite.arguments import SftArguments
+from swiftlite.memory import peak_rss_bytes
 from swiftlite.loss import supervised_head_loss
 from swiftlite.models import resolve_model
 from swiftlite.models.loader import load_model
@@ -179,14 +180,14 @@ torch.manual_seed(0)
 ids = torch.randint(0, model.config.vocab_size - 1000, (1, length))
 labels = ids.clone()
 labels[:, : length // 4] = -100  # a prompt: a quarter of the row is not trained
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_rss_bytes()
 batch = {"input_ids": ids, "labels": labels, "position_ids": torch.arange(length)[None]}
 loss = supervised_head_loss(model, batch) if chunked else model(**batch).loss
 loss.backward()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = peak_rss_bytes()
 print(json.dumps({"length": length, "chunked_loss": chunked, "dtype": dtype,
-                  "loss": round(loss.item(), 5), "peak_rss_mb": round(peak / 1024),
-                  "step_extra_mb": round((peak - before) / 1024)}))
+                  "loss": round(loss.item(), 5), "peak_rss_mb": round(peak / 2**20),
+                  "step_extra_mb": round((peak - before) / 2**20)}))
 """
 
 

@@ -2,7 +2,7 @@
 
 Each run is a child process: it imports torch/transformers/peft, records its resident memory
 (the baseline), trains a few steps with `swiftlite.sft` on samples cut to exactly
---max_length tokens, and reports its peak resident memory (ru_maxrss). On a CPU the
+--max_length tokens, and reports its peak resident memory (VmHWM). On a CPU the
 "device" is the process itself: the memory training added on top of the process as it
 stood when training began, plus the weights, is compared with the estimate's per-device
 total for the "none" row (plain Trainer).
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -71,7 +70,8 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
                   gradient_accumulation_steps=1, max_steps=steps, gradient_checkpointing=ckpt,
                   torch_dtype=dtype, logging_steps=1, save_steps=10_000, output_dir=out,
                   report_to="none", load_from_cache_file=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from swiftlite.memory import peak_rss_bytes
+    peak = peak_rss_bytes()
     # Training memory as a device would hold it: the weights, plus everything training added
     # on top of the process as it stood when training began (tokenizer, data and Python
     # objects stay out: on a GPU they live in host memory).

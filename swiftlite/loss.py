@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 IGNORE = -100
-CHUNK = 512  # rows of logits per chunk: 512 x 151,936 fp32 = 0.3 GB at most
+CHUNK = 256  # rows of logits per chunk: 256 x 151,936 fp32 = 0.16 GB at most
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

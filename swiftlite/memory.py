@@ -17,6 +17,20 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError
 
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory. VmHWM, not ru_maxrss: Linux carries ru_maxrss over
+    exec, so a process started from a bigger one (pytest, the Web-UI, a benchmark driver)
+    would report its parent's size."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):  # not Linux: ru_maxrss is KiB on Linux, bytes on macOS
+        import resource
+        import sys
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
 # DeepSpeed's estimators pad CPU-side figures by 1.5 for pinned buffers and fragmentation.
 CPU_BUFFER_FACTOR = 1.5
 # Share of a GPU's memory that training may plan to use: the rest is the CUDA context,
@@ -26,7 +40,7 @@ USABLE_FRACTION = 0.9
 # ZeRO-3 > ZeRO-3 offload); "none" is the plain Trainer without DeepSpeed.
 STAGES = ("none", "zero0", "zero1", "zero2", "zero2_offload", "zero3", "zero3_offload")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-LOSS_CHUNK = 512  # rows per chunk of swiftlite.loss (kept equal to swiftlite.loss.CHUNK)
+LOSS_CHUNK = 256  # rows per chunk of swiftlite.loss (kept equal to swiftlite.loss.CHUNK)
 
 
 @dataclass(frozen=True)

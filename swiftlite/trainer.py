@@ -64,10 +64,10 @@ def trainer_class(chunked_loss: bool):
 
 
 def peak_memory_mb() -> dict:
-    import resource
-
     import torch
-    out = {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+    from .memory import peak_rss_bytes
+    out = {"peak_rss_mb": round(peak_rss_bytes() / 2**20)}
     if torch.cuda.is_available():
         out["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
     return out
