@@ -45,8 +45,9 @@ class _LoraBranch(torch.autograd.Function):
         x2 = x.reshape(-1, x.shape[-1])  # (tokens, features)
         xd = x2 if drop is None else torch.where(drop.view(x2.shape), 0.0, x2)
         h = torch.mm(xd, a.t()).mul_(scale)  # (tokens, r)
-        # The dropped input itself, not x and the mask: backward would otherwise redo this pass.
-        # It lives only while its decoder layer is in backward (checkpointing recomputes it).
+        # The dropped input rather than x, so backward need not redo the masking pass (the mask
+        # is kept too, for the input gradient). With checkpointing these live only while their
+        # decoder layer is recomputed and back-propagated.
         ctx.save_for_backward(xd, a, b, h, drop)
         ctx.scale, ctx.x_shape = scale, x.shape
         return torch.mm(h, b.t()).view(*x.shape[:-1], b.shape[0])
