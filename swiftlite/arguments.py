@@ -109,10 +109,10 @@ class TrainArguments:
     seed: int = arg(42, "random seed", group="train")
     gradient_checkpointing: bool = arg(True, "recompute activations in backward to save "
                                        "memory", group="train")
-    selective_checkpointing: bool = arg(False, "with --gradient_checkpointing: keep the outputs "
-                                        "of frozen matmuls instead of recomputing them (SmolLM2-"
-                                        "135M: 1.12x faster for 0.26 MB more per token in bf16, "
-                                        "1.15x for 0.48 MB in fp32)", group="train")
+    selective_checkpointing: bool = arg(False, "LoRA with --gradient_checkpointing: keep the "
+                                        "outputs of frozen matmuls instead of recomputing them "
+                                        "(SmolLM2-135M: 1.12x faster for 0.26 MB more per token "
+                                        "in bf16, 1.15x for 0.48 MB in fp32)", group="train")
     deepspeed: Optional[str] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
                                    "zero3_offload, a JSON file or inline JSON", group="train")
     resume_from_checkpoint: Optional[str] = arg(None, "continue from this checkpoint folder",

@@ -1,8 +1,9 @@
 """Selective gradient checkpointing (`--selective_checkpointing`, off by default), by torch's
 policy mechanism. Fused LoRA layers (fused_lora.py, the default) keep their frozen outputs
 themselves, without this mechanism's cost of a Python dispatch hook on every op (1.12x faster
-than plain checkpointing in bf16 there, 1.06x here); this is for the rest: --fused_lora false,
-full fine-tuning.
+than plain checkpointing in bf16 there, 1.06x here); this is for LoRA elsewhere: GPUs, ZeRO-3,
+--fused_lora false. Full fine-tuning has no frozen matmuls, so prepare_model says so and keeps
+plain checkpointing.
 
 Plain checkpointing keeps each decoder layer's input and recomputes the whole layer in
 backward: every frozen matmul runs twice forward and once backward, so a third of the matmul

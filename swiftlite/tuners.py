@@ -14,14 +14,19 @@ def prepare_model(model, args, device: str | None = None):
     # ZeRO-3's partitioned weights, which DeepSpeed gathers through the modules' hooks.
     fused = (args.train_type == "lora" and getattr(args, "fused_lora", True) and device == "cpu"
              and not hasattr(first, "ds_id"))
+    selective = args.gradient_checkpointing and getattr(args, "selective_checkpointing", False)
+    if selective and args.train_type == "full":
+        from .log import warn
+        warn("--selective_checkpointing keeps the outputs of frozen matmuls, and full "
+             "fine-tuning trains every weight: nothing to keep, so plain gradient checkpointing.")
+        selective = False
     if args.gradient_checkpointing:
         # Non-reentrant checkpointing gives gradients to LoRA weights without needing the
         # inputs to require grad, and recomputes each layer's forward exactly once.
         from .checkpointing import checkpoint_kwargs
         # Selective checkpointing: fused LoRA layers keep their frozen outputs themselves
         # (fused_lora.keep_frozen_outputs); otherwise torch's policy-based version.
-        kwargs = checkpoint_kwargs(getattr(args, "selective_checkpointing", False)
-                                   and not fused)
+        kwargs = checkpoint_kwargs(selective and not fused)
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
@@ -57,7 +62,7 @@ def prepare_model(model, args, device: str | None = None):
     if fused:  # faster adapter gradients (see fused_lora.py)
         from .fused_lora import keep_frozen_outputs, use_fused_lora
         use_fused_lora(model)
-        if args.gradient_checkpointing and getattr(args, "selective_checkpointing", False):
+        if selective:
             keep_frozen_outputs(model)
     from .precision import fp32_activations, wants_fp32_activations
     if wants_fp32_activations(model, args, device):  # bf16 matmuls, fp32 activations

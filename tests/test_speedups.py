@@ -579,3 +579,19 @@ def test_model_cast_on_load_reads_one_tensor_at_a_time(smollm2, tiny_qwen2):
     assert ours.generation_config.to_dict() == theirs.generation_config.to_dict()
     tied = ours.get_output_embeddings().weight is ours.get_input_embeddings().weight
     assert tied == (theirs.get_output_embeddings().weight is theirs.get_input_embeddings().weight)
+
+
+def test_selective_checkpointing_says_full_fine_tuning_has_nothing_to_keep(tiny_qwen2, capsys):
+    """Torch's selective policy keeps outputs of matmuls whose weight is frozen; full
+    fine-tuning trains every weight, so the policy would only add its per-op dispatch hook.
+    prepare_model says so and installs plain checkpointing; LoRA gets the policy."""
+    from swiftlite.models.loader import load_model
+    from swiftlite.tuners import prepare_model
+    for train_type, policy in (("full", False), ("lora", True)):
+        args = SftArguments(model="x", dataset=["x"], train_type=train_type,
+                            selective_checkpointing=True, fused_lora=False)
+        model = prepare_model(load_model(tiny_qwen2, "float32"), args)
+        layer = next(m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func"))
+        assert ("context_fn" in layer._gradient_checkpointing_func.keywords) == policy
+        err = capsys.readouterr().err
+        assert ("nothing to keep, so plain gradient checkpointing" in err) == (not policy), err
