@@ -480,6 +480,9 @@ class EstimateArguments:
     chunked_loss: bool = arg(True, "as sft's --chunked_loss: LM head and loss in chunks (not "
                              "possible under ZeRO-3, which uses the model's own loss)",
                              group="train")
+    selective_checkpointing: bool = arg(False, "as sft's --selective_checkpointing (LoRA): the "
+                                        "output of every frozen matmul kept with each "
+                                        "checkpointed layer input", group="train")
     json: bool = arg(False, "print JSON instead of the table", group="train")
 
     def validate(self) -> "EstimateArguments":

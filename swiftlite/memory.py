@@ -55,6 +55,7 @@ class ModelSpec:
     vocab_size: int
     attn_dim: int  # num_attention_heads * head_dim
     lora_inputs_per_layer: int  # sum of in_features of the adapted linears of one layer
+    linear_outputs_per_layer: int = 0  # sum of out_features of all linears of one layer
 
 
 @dataclass
@@ -129,6 +130,8 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
     total = sum(unique.values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     lora, per_layer_inputs = _lora_counts(model, lora_rank, target_modules)
+    layer0 = [m for n, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and ".layers.0." in f"{n}."]
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -137,7 +140,8 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
                      largest_layer_params=largest, hidden_size=text.hidden_size,
                      num_layers=text.num_hidden_layers,
                      intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
-                     attn_dim=heads * head_dim, lora_inputs_per_layer=per_layer_inputs)
+                     attn_dim=heads * head_dim, lora_inputs_per_layer=per_layer_inputs,
+                     linear_outputs_per_layer=sum(m.out_features for m in layer0))
 
 
 def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
@@ -174,6 +178,9 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
       (h + 4 x intermediate values);
     - LoRA: peft runs each adapter in fp32 on its own dropout of the input (4 bytes + a
       1-byte mask per input feature of every adapted linear);
+    - --selective_checkpointing (LoRA) keeps, with each checkpointed layer input, the output of
+      every frozen matmul of the layer, as torch's policy does on GPUs (CPU fused LoRA layers
+      keep all but the last, so this is an upper bound there); full fine-tuning has none;
     - the model's own loss (--chunked_loss false, and always under ZeRO-3): the logits are
       upcast to fp32 and log_softmax's output is kept; its backward holds that output, the
       incoming gradient and the result: 12 bytes x vocab per token;
@@ -190,23 +197,27 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
     mlp = a * (h + 4 * i)
     lora = 0 if full else spec.lora_inputs_per_layer * (4 + (1 if lora_dropout > 0 else 0))
     return {"layer": norms + attention + mlp + lora, "checkpoint": a * h,
+            "selective": 0 if full else a * spec.linear_outputs_per_layer,
             "loss": 12 * spec.vocab_size, "chunked_loss": 2 * a * h,
             "loss_chunk": 12 * LOSS_CHUNK * spec.vocab_size,
             "loss_weight_grad": 4 * spec.vocab_size * h if full else 0}
 
 
 def activations(spec: ModelSpec, tokens: int, dtype: str, train_type: str,
-                checkpointing: bool, lora_dropout: float = 0.05, chunked_loss: bool = True) -> int:
+                checkpointing: bool, lora_dropout: float = 0.05, chunked_loss: bool = True,
+                selective: bool = False) -> int:
     """Peak activation bytes of one micro-batch of `tokens` tokens. Without checkpointing all
     layers' activations are alive when the loss is computed and backpropagated; with it, only
-    each layer's input is kept, and one layer is recomputed (with its gradients) at a time."""
+    each layer's input (and with `selective` its frozen matmul outputs) is kept, and one layer
+    is recomputed (with its gradients) at a time."""
     per = activation_bytes_per_token(spec, dtype, train_type, lora_dropout)
     if chunked_loss:
         loss = (per["loss_chunk"] * min(1.0, tokens / LOSS_CHUNK) + tokens * per["chunked_loss"]
                 + per["loss_weight_grad"])
     else:
         loss = tokens * per["loss"]
-    kept = spec.num_layers * (per["layer"] if not checkpointing else per["checkpoint"])
+    kept = spec.num_layers * (per["layer"] if not checkpointing else
+                              per["checkpoint"] + (per["selective"] if selective else 0))
     recompute = 0 if not checkpointing else per["layer"] + 2 * per["checkpoint"]
     return int(tokens * kept + max(loss, tokens * recompute))
 
@@ -265,7 +276,7 @@ def model_states(stage: str, total: int, trainable: int, largest_layer: int, *,
 def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
              dtype: str = "bfloat16", train_type: str = "lora", max_length: int = 2048,
              batch_size: int = 1, lora_dropout: float = 0.05,
-             chunked_loss: bool = True) -> list[Row]:
+             chunked_loss: bool = True, selective_checkpointing: bool = False) -> list[Row]:
     """One Row per stage in STAGES for this setup (tokens per micro-batch: batch x length)."""
     from .hardware import weights_dtype
     w = DTYPE_BYTES[weights_dtype(dtype, train_type)]
@@ -274,7 +285,8 @@ def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
     for stage in STAGES:
         # ZeRO-3 partitions the LM head, so swiftlite falls back to the model's own loss there.
         chunked = chunked_loss and not stage.startswith("zero3")
-        act = activations(spec, tokens, dtype, train_type, True, lora_dropout, chunked)
+        act = activations(spec, tokens, dtype, train_type, True, lora_dropout, chunked,
+                          selective_checkpointing)
         act_full = activations(spec, tokens, dtype, train_type, False, lora_dropout, chunked)
         # DeepSpeed trains 16-bit copies with fp32 masters whatever the load dtype was.
         ds_w = DTYPE_BYTES[dtype] if stage != "none" else w

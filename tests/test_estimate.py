@@ -35,6 +35,9 @@ def test_counts_equal_the_real_model_and_peft(tiny_qwen2):
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
     full = memory.model_spec(name, config, "full")
     assert (full.total_params, full.largest_layer_params) == model_to_params(model)
+    layer = model.model.layers[0]
+    assert full.linear_outputs_per_layer == sum(
+        m.out_features for m in layer.modules() if isinstance(m, torch.nn.Linear))
     assert full.trainable_params == full.total_params
     for targets in (["all-linear"], ["q_proj", "v_proj"]):
         spec = memory.model_spec(name, config, "lora", lora_rank=4, target_modules=targets)
@@ -203,3 +206,28 @@ def test_estimate_against_a_measured_cpu_run():
     m = script.measure("tiny-qwen2:lora:ckpt", max_length=512, batch=2, steps=2)
     assert m["measured"] > m["weights"] > 0
     assert abs(m["error_pct"]) <= MEASURED_ERROR_BOUND_PCT, m
+
+
+def test_selective_checkpointing_adds_the_frozen_matmul_outputs(tiny_qwen2):
+    """--selective_checkpointing keeps every frozen matmul output of each checkpointed layer
+    (torch's policy on GPUs): for LoRA, tokens x layers x the layer's summed out_features in
+    the activation dtype on top of plain checkpointing; full fine-tuning has no frozen matmuls.
+    On SmolLM2-135M in fp32 that is 0.59 MB per token; CPU fused LoRA layers, which keep all
+    but the last, measured 0.48 MB (docs/performance.md)."""
+    name, config = memory.read_config(tiny_qwen2)
+    tokens = 1024
+    for train_type, dtype in (("lora", "bfloat16"), ("lora", "float32"), ("full", "bfloat16")):
+        spec = memory.model_spec(name, config, train_type)
+        plain, selective = (memory.activations(spec, tokens, dtype, train_type, True,
+                                               selective=sel) for sel in (False, True))
+        kept = 0 if train_type == "full" else (
+            tokens * spec.num_layers * memory.DTYPE_BYTES[dtype] * spec.linear_outputs_per_layer)
+        assert selective - plain == kept
+        rows = memory.estimate(spec, dtype=dtype, train_type=train_type, max_length=tokens,
+                               selective_checkpointing=True)
+        base = memory.estimate(spec, dtype=dtype, train_type=train_type, max_length=tokens)
+        assert [r.gpu_total - b.gpu_total for r, b in zip(rows, base)] == [kept] * len(rows)
+        assert [r.gpu_total_no_ckpt for r in rows] == [b.gpu_total_no_ckpt for b in base]
+    smol = memory.model_spec(*memory.read_config("SmolLM2-135M-Instruct"), "lora")
+    per_token = smol.num_layers * 4 * smol.linear_outputs_per_layer
+    assert round(per_token / 2**20, 2) == 0.59

@@ -29,7 +29,8 @@ def run(args: EstimateArguments) -> dict:
     rows = estimate(spec, gpus_per_node=args.gpus, nodes=args.nodes, dtype=args.torch_dtype,
                     train_type=args.train_type, max_length=args.max_length,
                     batch_size=args.batch_size, lora_dropout=args.lora_dropout,
-                    chunked_loss=args.chunked_loss)
+                    chunked_loss=args.chunked_loss,
+                    selective_checkpointing=args.selective_checkpointing)
     gpu_memory = parse_memory(args.gpu_memory, "gpu_memory")
     cpu_memory = parse_memory(args.cpu_memory, "cpu_memory") if args.cpu_memory else None
     choice = _recommend(rows, gpu_memory, cpu_memory, args.gpus * args.nodes)
@@ -40,6 +41,7 @@ def run(args: EstimateArguments) -> dict:
                       "cpu_memory": cpu_memory, "torch_dtype": args.torch_dtype,
                       "train_type": args.train_type, "max_length": args.max_length,
                       "batch_size": args.batch_size, "chunked_loss": args.chunked_loss,
+                      "selective_checkpointing": args.selective_checkpointing,
                       "usable_fraction": USABLE_FRACTION},
             "rows": [{"stage": r.stage, "gpu": r.gpu, "cpu": r.cpu,
                       "gpu_total": r.gpu_total, "gpu_total_no_ckpt": r.gpu_total_no_ckpt,
@@ -50,7 +52,8 @@ def run(args: EstimateArguments) -> dict:
 def recommend(model: str, *, gpus: int = 1, nodes: int = 1, gpu_memory="24GB",
               cpu_memory=None, train_type: str = "lora", max_length: int = 2048,
               batch_size: int = 1, torch_dtype: str = "bfloat16", lora_rank: int = 8,
-              target_modules=("all-linear",), chunked_loss: bool = True) -> Choice:
+              target_modules=("all-linear",), chunked_loss: bool = True,
+              selective_checkpointing: bool = False) -> Choice:
     """The fastest configuration that fits, for code (sft's `--deepspeed auto`):
     Choice.deepspeed is a preset name or None (no DeepSpeed needed),
     Choice.gradient_checkpointing whether it must stay on, Choice.fits False when nothing
@@ -62,7 +65,8 @@ def recommend(model: str, *, gpus: int = 1, nodes: int = 1, gpu_memory="24GB",
                              cpu_memory=size(cpu_memory), train_type=train_type,
                              max_length=max_length, batch_size=batch_size,
                              torch_dtype=torch_dtype, lora_rank=lora_rank,
-                             target_modules=list(target_modules), chunked_loss=chunked_loss)
+                             target_modules=list(target_modules), chunked_loss=chunked_loss,
+                             selective_checkpointing=selective_checkpointing)
     return Choice(**run(args)["recommendation"])
 
 
@@ -79,7 +83,8 @@ def table(result: dict) -> str:
         f"{s['torch_dtype']}; {gpus} GPU{'s' if gpus > 1 else ''} x {_gb(s['gpu_memory'])} GiB; "
         f"micro-batch {s['batch_size']} x {s['max_length']} tokens",
         "All figures GiB. GPU: per GPU (per process). CPU: per node. act: activations with "
-        "gradient checkpointing / without.",
+        f"{'selective ' if s.get('selective_checkpointing') else ''}gradient checkpointing / "
+        "without.",
         "",
         f"{'config':<14}{'params':>8}{'grads':>8}{'optim':>8}{'act':>8}{'act(no)':>9}"
         f"{'GPU':>8}{'GPU(no)':>9}{'CPU':>8}  fits",
