@@ -63,35 +63,28 @@ def cast_state_dict(model_dir: str, dtype) -> dict | None:
     resident until loading ends. An fp32 SmolLM2-135M loaded in bf16 peaked 876 MB above the
     start that way, and 364 MB (the bf16 weights and the model's buffers) read tensor by tensor
     (tests/test_speedups.py::test_model_cast_on_load_reads_one_tensor_at_a_time)."""
-    import json
-
     import torch
     from safetensors import safe_open
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(os.path.join(model_dir, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
+
+    from ..merge_shards import base_index, tensor_meta
+    if not any(os.path.exists(os.path.join(model_dir, name))
+               for name in ("model.safetensors", "model.safetensors.index.json")):
         return None
-    paths = [os.path.join(model_dir, name) for name in files]
-    stored = set()
-    try:  # pread: each tensor is read into memory of its own, the file is not mapped
-        for path in paths:
-            with safe_open(path, framework="pt", backend="pread") as f:
-                stored |= {f.get_slice(k).get_dtype() for k in f.keys()}
-    except TypeError:  # a safetensors version without the pread backend
-        return None
+    index = base_index(model_dir)  # tensor name -> file; refuses missing or corrupt files
+    stored = {kind for kind, _ in tensor_meta(index).values()}
     target = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}[dtype]
     if stored & {"F64", "F32", "F16", "BF16"} <= {target}:
         return None  # nothing to cast: transformers uses the mapped file as the weights
     out = {}
-    for path in paths:
-        with safe_open(path, framework="pt", backend="pread") as f:
-            for key in f.keys():
-                t = f.get_tensor(key)
-                out[key] = t.to(dtype) if t.is_floating_point() else t
+    try:
+        for path in sorted(set(index.values())):
+            # pread: each tensor is read into memory of its own, the file is not mapped
+            with safe_open(path, framework="pt", backend="pread") as f:
+                for key in f.keys():
+                    t = f.get_tensor(key)
+                    out[key] = t.to(dtype) if t.is_floating_point() else t
+    except TypeError:  # a safetensors version without the pread backend
+        return None
     return out
 
 
