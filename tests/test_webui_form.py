@@ -219,3 +219,27 @@ def test_uploads_are_kept_inside_the_output_root(tmp_path):
     second = keep_upload(b, str(root))  # same name, other content: not overwritten
     assert second == str(root / "uploads" / "data-1.jsonl")
     assert open(first).read() == open(a).read() and open(second).read() == open(b).read()
+
+
+def test_run_list_tolerates_a_run_name_it_no_longer_lists(tmp_path):
+    """A poll already under way when Start changes the run list arrives with the previous
+    selection. Gradio checks a dropdown's value against the choices it last sent this session
+    (CI once failed the browser test with "Value: ... is not in the list of choices"), so the
+    run list must accept such a name, and refresh must fall back to the newest run and say so."""
+    import gradio as gr
+    from webui import train_tab
+    root = tmp_path / "out"
+    for name in ("v0-20260101-000000", "v1-20260101-000001"):
+        (root / "m" / name).mkdir(parents=True)
+        (root / "m" / name / "args.json").write_text("{}")
+        time.sleep(0.05)  # newest first is by modification time
+    with gr.Blocks():
+        tab = train_tab.build(RunManager(str(root)))
+    run_select = tab["refresh_inputs"]
+    run_select.choices = [("m/v1-20260101-000001",) * 2]  # what Start sent this session
+    assert run_select.preprocess("m/v0-deleted") == "m/v0-deleted"  # no "not in the list" error
+    rels = ["m/v1-20260101-000001", "m/v0-20260101-000000"]
+    table, choices, status_md, *_ , known = tab["refresh"]("m/v0-deleted", rels)
+    assert known == rels and [row[0] for row in table] == rels
+    assert choices["value"] == "m/v1-20260101-000001" and choices["choices"] == rels
+    assert "m/v1-20260101-000001" in status_md

@@ -159,7 +159,11 @@ def build(manager: RunManager) -> dict:
         gr.Markdown("### Runs in " + root)
         runs_table = gr.Dataframe(headers=RUN_COLUMNS, interactive=False, elem_id="runs-table",
                                   value=[], wrap=True)
+        # allow_custom_value: gradio checks a dropdown's value against the choices this session
+        # last sent, so a poll already under way when Start (or a deleted run folder) changes
+        # the list would fail with "not in the list of choices"; refresh() handles stale names.
         run_select = gr.Dropdown(label="run", choices=[], value=None, elem_id="run-select",
+                                 allow_custom_value=True,
                                  info="the run whose log and loss curve are shown below")
         run_status = gr.Markdown(elem_id="run-status")
         with gr.Row(equal_height=False):
@@ -204,8 +208,9 @@ def build(manager: RunManager) -> dict:
         except Exception as e:
             return _error_md(RuntimeError(f"{type(e).__name__}: {e}")), gr.skip(), gr.skip()
         rel = os.path.relpath(run_dir, root)
+        rels = [os.path.relpath(p, root) for p in find_runs(root)]
         return (f"<div class='form-ok'>Started {html.escape(rel)}</div>", text,
-                gr.update(choices=[rel], value=rel))
+                gr.update(choices=rels, value=rel))
 
     def on_stop(selected):
         if not selected:
@@ -226,11 +231,11 @@ def build(manager: RunManager) -> dict:
     def refresh(selected, known=None):
         runs = [describe(p) for p in find_runs(root)]
         rels = [os.path.relpath(r.path, root) for r in runs]
-        if selected not in rels:
-            selected = rels[0] if rels else None
         # Re-sending unchanged choices would close the list under a user who has it open.
-        choices = gr.skip() if known == rels and selected in rels else \
-            gr.update(choices=rels, value=selected)
+        unchanged = known == rels and selected in rels
+        if selected not in rels:  # none yet, or a run folder deleted since: show the newest
+            selected = rels[0] if rels else None
+        choices = gr.skip() if unchanged else gr.update(choices=rels, value=selected)
         run = next((r for r in runs if os.path.relpath(r.path, root) == selected), None)
         if run is None:
             return _table(root, runs), gr.update(choices=rels, value=None), \
