@@ -1,5 +1,7 @@
 """Process-group facts read from the launcher's environment (torchrun / deepspeed)."""
 import os
+import sys
+from contextlib import contextmanager
 
 
 def world_size() -> int:
@@ -8,3 +10,49 @@ def world_size() -> int:
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
+
+
+# Set by a run for itself: a process group of one for DeepSpeed (deepspeed.py), accelerate's
+# DeepSpeed switch, and the TensorBoard folder (trainer.py).
+RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+           "ACCELERATE_USE_DEEPSPEED", "TENSORBOARD_LOGGING_DIR")
+
+
+@contextmanager
+def run_scope():
+    """Undo at the end of a run what it set up for itself in this process: the environment
+    variables above, accelerate's shared state, and a process group it started. Without this,
+    a plain run after a DeepSpeed one in the same Python process (the Python API) silently ran
+    under DeepSpeed. What existed before the run (a launcher's process group, the caller's own
+    accelerate state) is left as it was."""
+    before = {k: os.environ.get(k) for k in RUN_ENV}
+    from accelerate.state import AcceleratorState, PartialState
+    had_state = bool(PartialState._shared_state)
+    import torch.distributed as dist
+    had_group = dist.is_available() and dist.is_initialized()
+    try:
+        yield
+    finally:
+        if not had_group and before["WORLD_SIZE"] is None and dist.is_available() \
+                and dist.is_initialized():  # the group of one that deepspeed.py started
+            _destroy_process_group()
+        if not had_state:  # accelerate's own reset, the one its tests use between runs
+            from accelerate.state import GradientState
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _destroy_process_group() -> None:
+    # DeepSpeed keeps its own references to the groups (its world-group clone among them); its
+    # destroy releases them too, so a later DeepSpeed run in this process builds fresh ones.
+    ds_comm = sys.modules.get("deepspeed.comm.comm")
+    if ds_comm is not None and ds_comm.is_initialized():
+        ds_comm.destroy_process_group()
+    else:
+        import torch.distributed as dist
+        dist.destroy_process_group()

@@ -328,3 +328,36 @@ def test_zero3_full_fine_tuning_consolidates_to_a_plain_model(tiny_qwen2, tmp_pa
     assert any(not torch.equal(state[n], base[n]) for n in base)  # the weights were trained
     with pytest.raises(UsageError, match="no ZeRO checkpoint"):
         ds.consolidate(out)  # a plain model folder has nothing to consolidate
+
+
+@pytest.mark.slow
+def test_python_api_runs_in_one_process_each_get_their_own_backend(single, tmp_path):
+    """The Python API, three runs in one fresh process: ZeRO-2, plain, ZeRO-3. A DeepSpeed run
+    on a plain process starts a process group of one and accelerate's DeepSpeed state; before
+    sft undid them at its end, the plain run after it silently trained under DeepSpeed, and a
+    second DeepSpeed run failed on DeepSpeed's stale group references. Each run must use the
+    backend it asked for, learn the same, and leave the environment as it found it."""
+    script = f"""
+import glob, json, os, sys
+import swiftlite
+from swiftlite.arguments import SftArguments
+from swiftlite.cli import parse_argv
+before = dict(os.environ)
+for deepspeed in ("zero2", "", "zero3"):
+    out = os.path.join({str(tmp_path)!r}, deepspeed or "plain")
+    argv = {TRAIN!r} + ["--per_device_train_batch_size", "4", "--save_steps", "4",
+                        "--output_dir", out] + (["--deepspeed", deepspeed] if deepspeed else [])
+    result = swiftlite.sft(parse_argv(SftArguments, argv, "test", ""))
+    changed = sorted(k for k in set(os.environ) | set(before)
+                     if os.environ.get(k) != before.get(k) and not k.startswith(("TORCH", "PYTORCH")))
+    print("RESULT", json.dumps({{"run": result.output_dir, "deepspeed": deepspeed,
+        "zero_checkpoint": bool(glob.glob(os.path.join(result.last_checkpoint, "global_step*"))),
+        "env_changed": changed}}), flush=True)
+"""
+    r = run([sys.executable, "-c", script], child_env())
+    results = [json.loads(line[7:]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
+    assert [x["deepspeed"] for x in results] == ["zero2", "", "zero3"], r.stdout[-3000:]
+    for x in results:
+        assert x["zero_checkpoint"] == bool(x["deepspeed"]), x
+        assert x["env_changed"] == [], x
+        assert_same_losses(losses(x["run"]), single)

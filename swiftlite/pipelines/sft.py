@@ -39,6 +39,12 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     elif kwargs:
         raise UsageError("swiftlite.sft: pass an SftArguments object or keyword arguments, not both.")
     args.validate()
+    from ..distributed import run_scope
+    with run_scope():
+        return _run(args)
+
+
+def _run(args: SftArguments) -> SftResult:
     t_start = time.time()
     from ..allocator import describe as allocator_line
     info(allocator_line())
