@@ -150,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     import warnings
     warnings.filterwarnings("ignore", message=r".*is deprecated and will be removed in v6",
                             category=FutureWarning)
+    # DeepSpeed's ZeRO-3 calls torch's renamed collectives (reduce_scatter_tensor, ...); other
+    # libraries' catch_warnings blocks reset Python's once-per-line memory, so a 3-step run
+    # printed 97 of these. The user cannot act on them.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated",
+                            category=FutureWarning)
     target, _ = COMMANDS[command]
     module, func = target.split(":")
     try:

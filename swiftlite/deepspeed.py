@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 from importlib import resources
@@ -141,9 +142,25 @@ def training_kwargs(args, hw) -> dict:
     if args.resume_from_checkpoint:
         check_resume(args.resume_from_checkpoint)
     kwargs = {"deepspeed": config}
+    _quiet_accumulation_mismatch()
     if _enable_on_cpu(hw):
         kwargs["accelerator_config"] = {"use_configured_state": True}
     return kwargs
+
+
+class _AccumulationMismatch(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Gradient accumulation steps mismatch" not in record.getMessage()
+
+
+def _quiet_accumulation_mismatch() -> None:
+    """The Trainer accumulates gradients itself and so gives accelerate 1 step; accelerate then
+    warns on every DeepSpeed run with --gradient_accumulation_steps > 1 that it takes
+    DeepSpeed's value. Both mean the same thing: ZeRO-2 and ZeRO-3 learn exactly as a plain
+    run with accumulation (tests/test_deepspeed.py), so the warning only alarms users."""
+    logger = logging.getLogger("accelerate.accelerator")
+    if not any(isinstance(f, _AccumulationMismatch) for f in logger.filters):
+        logger.addFilter(_AccumulationMismatch())
 
 
 def _enable_on_cpu(hw) -> bool:
