@@ -135,6 +135,8 @@ def _device_memory(hw) -> int | None:
 def training_kwargs(args, hw) -> dict:
     """Extra TrainingArguments for args.deepspeed: the config dict, and on a CPU-only host
     the accelerate state that makes DeepSpeed see all processes."""
+    if hw.device == "cpu":  # accelerate imports DeepSpeed on every run, which then warns that
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # it found no GPU: say it is a CPU
     config = resolve(args, hw)
     if config is None:
         return {}

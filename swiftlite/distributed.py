@@ -12,10 +12,10 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-# Set by a run for itself: a process group of one for DeepSpeed (deepspeed.py), accelerate's
-# DeepSpeed switch, and the TensorBoard folder (trainer.py).
+# Set by a run for itself: a process group of one for DeepSpeed, accelerate's DeepSpeed
+# switch, DeepSpeed's accelerator on a CPU (deepspeed.py), the TensorBoard folder (trainer.py).
 RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-           "ACCELERATE_USE_DEEPSPEED", "TENSORBOARD_LOGGING_DIR")
+           "ACCELERATE_USE_DEEPSPEED", "DS_ACCELERATOR", "TENSORBOARD_LOGGING_DIR")
 
 
 @contextmanager
