@@ -145,16 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         from .allocator import reexec_with_tcmalloc  # returns unless it re-executes
         reexec_with_tcmalloc(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # transformers 5 renamed gradient_checkpointing -> activation_checkpointing; peft and the
-    # Trainer still call the old names on every step. Noise for users: hide just those.
-    import warnings
-    warnings.filterwarnings("ignore", message=r".*is deprecated and will be removed in v6",
-                            category=FutureWarning)
-    # DeepSpeed's ZeRO-3 calls torch's renamed collectives (reduce_scatter_tensor, ...); other
-    # libraries' catch_warnings blocks reset Python's once-per-line memory, so a 3-step run
-    # printed 97 of these. The user cannot act on them.
-    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated",
-                            category=FutureWarning)
+    from .log import hide_library_noise
+    hide_library_noise()
     target, _ = COMMANDS[command]
     module, func = target.split(":")
     try:

@@ -15,3 +15,18 @@ def info(msg: str) -> None:
 def warn(msg: str) -> None:
     if is_main_process():
         print(f"[swiftlite] WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+def hide_library_noise() -> None:
+    """Hide library warnings that users cannot act on (for the whole process: the CLI; for
+    one run: the Python API's sft, inside warnings.catch_warnings)."""
+    import warnings
+    # transformers 5 renamed gradient_checkpointing -> activation_checkpointing; peft and the
+    # Trainer still call the old names on every step.
+    warnings.filterwarnings("ignore", message=r".*is deprecated and will be removed in v6",
+                            category=FutureWarning)
+    # DeepSpeed's ZeRO-3 calls torch's renamed collectives (reduce_scatter_tensor, ...); other
+    # libraries' catch_warnings blocks reset Python's once-per-line memory, so a 3-step run
+    # printed 97 of these.
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated",
+                            category=FutureWarning)

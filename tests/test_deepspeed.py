@@ -366,4 +366,7 @@ for deepspeed in ("zero2", "", "zero3"):
         assert x["zero_checkpoint"] == bool(x["deepspeed"]), x
         assert x["env_changed"] == [], x
         assert_same_losses(losses(x["run"]), plain)
-    assert "Gradient accumulation steps mismatch" not in r.stderr  # known noise, filtered
+    # Library noise users cannot act on is hidden (sft's run scope): accelerate's mismatch
+    # warning, torch's renamed collectives under ZeRO-3, transformers' v6 renames.
+    assert "Gradient accumulation steps mismatch" not in r.stderr
+    assert "FutureWarning" not in r.stderr, r.stderr[-3000:]
