@@ -100,7 +100,8 @@ def cmd_ab(a, extra):
     (encode, load_model, prepare_model, collator, supervised_head_loss), AdamW as the Trainer."""
     import torch
 
-    from swiftlite.arguments import SftArguments, build
+    from swiftlite.arguments import SftArguments
+    from swiftlite.parsing import build
     from swiftlite.datasets import load_conversations
     from swiftlite.datasets.preprocess import encode_dataset
     from swiftlite.loss import supervised_head_loss

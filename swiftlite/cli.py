@@ -28,7 +28,7 @@ ALLOCATOR_COMMANDS = ("sft", "infer", "merge-lora")
 
 def build_parser(cls, prog: str, description: str, epilog: str = "") -> argparse.ArgumentParser:
     """An argparse parser generated from an arguments dataclass (flags = field names)."""
-    from .arguments import base_type
+    from .parsing import base_type
     p = argparse.ArgumentParser(
         prog=prog, description=description, epilog=epilog, allow_abbrev=False,
         usage=f"{prog} [CONFIG.yaml] [--flag value ...]",
@@ -70,7 +70,7 @@ def build_parser(cls, prog: str, description: str, epilog: str = "") -> argparse
 
 def parse_argv(cls, argv: list[str], prog: str, description: str, epilog: str = ""):
     """Config file (optional, first) + flags -> validated-ready dataclass instance."""
-    from .arguments import build, load_config_file
+    from .parsing import build, load_config_file
     values, where = {}, "command line"
     if argv and not argv[0].startswith("-") and argv[0].endswith(CONFIG_EXTS):
         values = load_config_file(argv[0])

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from swiftlite.arguments import SftArguments, build, load_config_file
+from swiftlite.arguments import SftArguments
+from swiftlite.parsing import build, load_config_file
 from swiftlite.cli import parse_argv
 from swiftlite.errors import UsageError
 

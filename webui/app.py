@@ -59,7 +59,7 @@ def create_app(output_root: str = "output"):
     manager = RunManager(output_root)
     # The form checks unknown flags against transformers.TrainingArguments. Import it now:
     # transformers' lazy imports are not thread-safe, and handlers run in worker threads.
-    from swiftlite.arguments import training_arguments_fields
+    from swiftlite.parsing import training_arguments_fields
     training_arguments_fields()
     with gr.Blocks(title="swiftlite", analytics_enabled=False) as demo:
         gr.Markdown("## swiftlite: LoRA fine-tuning for Qwen2-class models")

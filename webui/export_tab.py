@@ -25,7 +25,8 @@ def merge_fields():
 
 def merge_args(ckpt_dir: str, values: dict, root: str):
     """Widget values -> validated MergeArguments; typed paths checked; one UsageError."""
-    from swiftlite.arguments import MergeArguments, build
+    from swiftlite.arguments import MergeArguments
+    from swiftlite.parsing import build
     given = {k: v for k, v in values.items() if not (isinstance(v, str) and not v.strip())}
     args = build(MergeArguments, {"ckpt_dir": (ckpt_dir or "").strip() or None, **given},
                  where="export")

@@ -1,7 +1,7 @@
 """The Train form, generated from `SftArguments` (labels, help, choices, defaults and groups come
 from the dataclass metadata, so the form and the CLI cannot drift apart), and the mapping
 
-    form values -> SftArguments (swiftlite.arguments.build + validate) -> `swiftlite sft` argv
+    form values -> SftArguments (swiftlite.parsing.build + validate) -> `swiftlite sft` argv
 
 that the Preview shows and Start runs. Nothing here imports gradio: it is unit-tested alone.
 """
@@ -12,7 +12,8 @@ import json
 import os
 import shlex
 
-from swiftlite.arguments import SftArguments, base_type, build
+from swiftlite.arguments import SftArguments
+from swiftlite.parsing import base_type, build
 from swiftlite.cli import flag_pairs
 from swiftlite.errors import UsageError
 

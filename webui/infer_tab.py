@@ -29,7 +29,8 @@ def gen_fields():
 
 def gen_kwargs(source: str, values: dict) -> dict:
     """Widget texts -> checked generation kwargs for InferEngine.stream (UsageError if bad)."""
-    from swiftlite.arguments import GenerationArguments, InferArguments, build
+    from swiftlite.arguments import GenerationArguments, InferArguments
+    from swiftlite.parsing import build
     given = {k: v for k, v in values.items() if not (isinstance(v, str) and not v.strip())}
     build(InferArguments, {"model": source or "model", **given}, where="generation settings"
           ).validate()  # the CLI's range checks (temperature >= 0, 0 < top_p <= 1, ...)

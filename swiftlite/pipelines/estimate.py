@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..arguments import EstimateArguments, build
+from ..arguments import EstimateArguments
+from ..parsing import build
 from ..memory import (STAGES, USABLE_FRACTION, Choice, estimate, model_spec, parse_memory,
                       read_config, recommend as _recommend)
 

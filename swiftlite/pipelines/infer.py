@@ -13,7 +13,8 @@ import os
 import sys
 import time
 
-from ..arguments import InferArguments, build
+from ..arguments import InferArguments
+from ..parsing import build
 from ..errors import UsageError
 from ..generate import InferEngine  # noqa: F401  (public: swiftlite.pipelines.infer.InferEngine)
 from ..log import info
@@ -139,7 +140,7 @@ def chat_loop(engine: InferEngine, gen: dict, *, stream: bool = True, stdin=None
         if cmd == "/system":
             if rest.strip():
                 system, history = rest.strip(), []
-                say(f"(system prompt set; conversation cleared)")
+                say("(system prompt set; conversation cleared)")
             else:
                 say(f"(system prompt: {system!r})")
             continue

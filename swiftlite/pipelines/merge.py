@@ -16,7 +16,8 @@ import shutil
 import tempfile
 import time
 
-from ..arguments import MergeArguments, build, parse_size
+from ..arguments import MergeArguments, parse_size
+from ..parsing import build
 from ..checkpoint_info import describe
 from ..errors import UsageError
 from ..log import info, warn
@@ -56,7 +57,6 @@ def run(args: MergeArguments) -> str:
     out = os.path.abspath(args.output_dir or args.ckpt_dir.rstrip("/\\") + "-merged")
     _check_output(out, args, ckpt)
 
-    import torch
     from .. import merge_shards as ms
     from ..models.loader import load_tokenizer, torch_dtype
     from ..template import get_template

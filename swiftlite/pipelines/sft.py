@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass
 
 from .. import hardware
-from ..arguments import SftArguments, build, to_dict
+from ..arguments import SftArguments
+from ..parsing import build, to_dict
 from ..datasets import load_conversations
 from ..datasets.preprocess import describe, encode_dataset, show_sample, \
     warn_if_end_of_turn_untrained
@@ -20,7 +21,6 @@ from ..errors import UsageError
 from ..log import info, is_main_process, warn
 from ..models import resolve_model
 from ..models.loader import load_model, load_tokenizer
-from ..models.registry import model_name
 from ..template import get_template
 from ..output import create_run_dir
 
