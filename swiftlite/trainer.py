@@ -11,7 +11,7 @@ import time
 
 from transformers import TrainerCallback
 
-from .errors import RunError
+from .errors import RunError, UsageError
 from .log import is_main_process
 
 
@@ -168,8 +168,6 @@ def plot_losses(run_dir: str) -> list[str]:
 
 def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype: str, hw):
     """A transformers Trainer for these arguments and datasets."""
-    from transformers import TrainingArguments
-
     from .distributed import world_size
     world = world_size()
     accum = args.gradient_accumulation_steps or max(
@@ -186,7 +184,24 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
     extra.update(training_kwargs(args, hw))
     extra.setdefault("eval_strategy", "steps" if has_eval else "no")
     extra.setdefault("logging_nan_inf_filter", False)  # NonFiniteLossGuard must see a NaN
-    ta = TrainingArguments(
+    try:
+        ta = _training_arguments(args, run_dir, accum, dtype, hw, extra)
+    except ValueError as e:  # transformers' own consistency checks: a usage error, not a bug
+        raise UsageError(f"transformers rejects these training arguments: {e}") from None
+    _check_optimizer(ta, model)
+    trainer_cls = trainer_class(args.chunked_loss)
+    trainer = trainer_cls(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
+                          eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
+                          data_collator=collator(tokenizer, args.padding_free),
+                          processing_class=tokenizer,
+                          callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
+                                     NonFiniteLossGuard(), CheckpointArgs(run_dir)])
+    return trainer
+
+
+def _training_arguments(args, run_dir: str, accum: int, dtype: str, hw, extra: dict):
+    from transformers import TrainingArguments
+    return TrainingArguments(
         output_dir=run_dir,
         num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.per_device_train_batch_size,
@@ -202,11 +217,15 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         fp16=dtype == "float16", gradient_checkpointing=False,  # enabled in tuners.prepare_model
         remove_unused_columns=False,
         use_cpu=hw.device == "cpu", **extra)
-    trainer_cls = trainer_class(args.chunked_loss)
-    trainer = trainer_cls(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
-                          eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
-                          data_collator=collator(tokenizer, args.padding_free),
-                          processing_class=tokenizer,
-                          callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
-                                     NonFiniteLossGuard(), CheckpointArgs(run_dir)])
-    return trainer
+
+
+def _check_optimizer(ta, model) -> None:
+    """Resolve --optim now, before the run folder exists: an optimizer whose library is
+    missing (adamw_bnb_8bit without bitsandbytes) otherwise fails only once training starts,
+    with a traceback, leaving a run folder that never trained."""
+    from transformers import Trainer
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(ta, model)
+    except (ImportError, ValueError) as e:
+        raise UsageError(f"--optim {ta.optim.value if hasattr(ta.optim, 'value') else ta.optim}:"
+                         f" {e}") from None

@@ -109,3 +109,24 @@ def test_unknown_model_is_a_clear_error(tmp_path):
                 env={"HF_HUB_OFFLINE": "1"})
     assert r.returncode == 2 and "SomeOrg/not-downloaded" in r.stderr
     assert "pass its local folder" in r.stderr
+
+
+def test_training_arguments_transformers_rejects_are_usage_errors(tmp_path):
+    """Pass-through TrainingArguments that cannot work are usage errors before any run folder
+    exists: evaluation without evaluation data (checked with the other flags, before the data
+    is read), transformers' own consistency checks, and an optimizer whose library is missing
+    (bitsandbytes is not a dependency, so it is missing here)."""
+    with pytest.raises(UsageError, match="--eval_strategy steps needs data to evaluate on"):
+        parse("--model", "m", "--dataset", "d.jsonl", "--eval_strategy", "steps").validate()
+    parse("--model", "m", "--dataset", "d.jsonl", "--eval_strategy", "steps",
+          "--split_dataset_ratio", "0.1").validate()
+    out = tmp_path / "out"
+    for extra, message in (
+            (["--load_best_model_at_end", "true", "--save_strategy", "epoch"],
+             "transformers rejects these training arguments"),
+            (["--optim", "adamw_bnb_8bit"], "--optim adamw_bnb_8bit: You need to install")):
+        r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#8",
+                    "--max_steps", "1", "--output_dir", str(out), *extra, check=False)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert message in r.stderr
+        assert not out.exists()
