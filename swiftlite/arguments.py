@@ -348,11 +348,6 @@ class EstimateArguments:
         for name in ("gpus", "nodes", "lora_rank", "max_length", "batch_size"):
             if getattr(self, name) <= 0:
                 problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
-        evaluate = str(self.training_args.get("eval_strategy", "no")).lower()
-        if evaluate not in ("no", "intervalstrategy.no") and not (
-                self.val_dataset or self.split_dataset_ratio):
-            problems.append(f"--eval_strategy {self.training_args['eval_strategy']} needs data "
-                            "to evaluate on: add --val_dataset FILE or --split_dataset_ratio 0.05")
         if not 0 <= self.lora_dropout < 1:
             problems.append(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if problems:

@@ -37,7 +37,8 @@ def preset_names() -> list[str]:
 def presets_help() -> str:
     """The presets and what each partitions, for `swiftlite sft --help` (argparse reflows it)."""
     return "; ".join(f"{name}: {PRESET_DESCRIPTIONS.get(name, 'shipped preset')}"
-                     for name in preset_names()) + "."
+                     for name in preset_names()) + "; auto: the fastest of these (or none) " \
+        "that fits this hardware, per `swiftlite estimate`."
 
 
 def load_config(value) -> dict:
@@ -46,8 +47,9 @@ def load_config(value) -> dict:
         return json.loads(json.dumps(value))  # a private copy: HF fills "auto" in place
     text = str(value).strip()
     names = preset_names()
-    choices = (f"use a preset ({', '.join(names)}), a path to a DeepSpeed JSON file, or "
-               "inline JSON such as '{\"zero_optimization\": {\"stage\": 2}}'")
+    choices = (f"use a preset ({', '.join(names)}), auto (the fastest that fits, per "
+               "`swiftlite estimate`), a path to a DeepSpeed JSON file, or inline JSON such as "
+               "'{\"zero_optimization\": {\"stage\": 2}}'")
     if text in names:
         with resources.files("swiftlite.deepspeed_configs").joinpath(f"{text}.json").open() as f:
             return json.load(f)
@@ -87,7 +89,10 @@ def resolve(args, hw) -> dict | None:
         return None
     value = args.deepspeed
     if isinstance(value, str) and value.strip() == "auto":
-        value = recommended_preset(args, hw)
+        # Decided once per run (setup asks twice: for ZeRO-3 loading and for the Trainer).
+        if "_deepspeed_auto" not in vars(args):
+            args._deepspeed_auto = recommended_preset(args, hw)
+        value = args._deepspeed_auto
         if value is None:
             return None
     return load_config(value)
@@ -119,7 +124,12 @@ def recommended_preset(args, hw) -> str | None:
     if choice.gradient_checkpointing and not args.gradient_checkpointing:
         from .log import warn
         warn("--deepspeed auto: the estimate needs --gradient_checkpointing true to fit.")
-    info(f"--deepspeed auto: {choice.deepspeed or 'no DeepSpeed'} ({choice.reason})")
+    reason = choice.reason
+    from .memory import gib
+    if hw.device == "cpu":  # the estimate speaks of GPUs; here a process's share of the host
+        reason = reason.replace("per GPU", "per process").replace(
+            f"of {gib(device_memory)})", f"of {gib(device_memory)} host memory per process)")
+    info(f"--deepspeed auto: {choice.deepspeed or 'no DeepSpeed'} ({reason})")
     return choice.deepspeed
 
 

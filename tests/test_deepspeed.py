@@ -97,8 +97,11 @@ def test_sft_help_lists_presets_and_bad_preset_is_a_usage_error(tmp_path):
     ("cuda", "Qwen2-1.5B-Instruct", "full", 16, 256),
 ])
 def test_deepspeed_auto_takes_the_estimate_recommendation(device, model, train_type, device_gib,
-                                                          host_gib, tiny_qwen2, monkeypatch):
-    """The same choice as `swiftlite estimate` for the devices present."""
+                                                          host_gib, tiny_qwen2, monkeypatch,
+                                                          capsys):
+    """The same choice as `swiftlite estimate` for the devices present, decided and said once
+    per run (setup resolves --deepspeed twice), in terms of the device: a CPU process's share
+    of host memory is not a GPU."""
     import psutil
     from swiftlite.arguments import SftArguments
     from swiftlite.hardware import Hardware
@@ -123,6 +126,11 @@ def test_deepspeed_auto_takes_the_estimate_recommendation(device, model, train_t
         return
     got = ds.resolve(args, hw)
     assert (got is None) if choice.deepspeed is None else got == ds.load_config(choice.deepspeed)
+    assert ds.resolve(args, hw) == got
+    said = [line for line in capsys.readouterr().err.splitlines() if "--deepspeed auto:" in line]
+    assert len(said) == 1, said
+    assert ("per GPU" in said[0]) == (device == "cuda")
+    assert ("host memory per process" in said[0]) == (device == "cpu")
 
 
 # -- real 2-process runs -----------------------------------------------------------------------
