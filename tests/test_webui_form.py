@@ -207,6 +207,20 @@ def test_web_ui_flags_and_safe_defaults(monkeypatch):
         parse_argv(WebUIArguments, ["--prot", "1"], "web-ui", "")
 
 
+def test_web_ui_on_a_taken_port_says_so_in_one_line(tmp_path):
+    import socket
+    from conftest import run_cli
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_cli("web-ui", "--port", str(port), "--output_root", str(tmp_path / "out"),
+                    check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert f"--port {port + 1}" in r.stderr
+
+
 def test_uploads_are_kept_inside_the_output_root(tmp_path):
     from webui.train_tab import keep_upload
     root = tmp_path / "out"

@@ -77,6 +77,7 @@ def main(argv: list[str]) -> None:
     credentials = args.credentials()
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: expected 1-65535")
+    _check_port_free(args.host, args.port)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
     demo = create_app(args.output_root)
@@ -85,3 +86,15 @@ def main(argv: list[str]) -> None:
     demo.queue(default_concurrency_limit=4).launch(
         server_name=args.host, server_port=args.port, share=args.share, auth=credentials,
         ssr_mode=False, quiet=True, show_error=True, theme=gr.themes.Default(), css=CSS)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Gradio reports a taken port with a traceback, after the app is built; say it first."""
+    import socket
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UsageError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}; "
+                             "another web-ui?). Pass another --port, e.g. --port "
+                             f"{port + 1}.") from None
