@@ -214,6 +214,8 @@ class InferArguments(ModelArguments, GenerationArguments):
     val_dataset: list[str] = arg(help="batch mode: answer every conversation of these files "
                                  "(any --dataset format) and write JSONL to --result_path",
                                  factory=list, group="infer")
+    skip_bad_rows: bool = arg(False, "batch mode: skip malformed rows (counted per reason) "
+                              "instead of stopping", group="infer")
     result_path: Optional[str] = arg(None, "batch mode output JSONL (default: "
                                      "<ckpt_dir or output>/infer_result/<timestamp>.jsonl)",
                                      group="infer")

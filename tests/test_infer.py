@@ -193,6 +193,13 @@ def test_bad_input_gets_clear_messages(tmp_path, capsys, tiny_run):
         {"messages": [{"role": "system", "content": "only a system prompt"}]}])
     err = fails("--ckpt_dir", ckpt, "--val_dataset", no_user)
     assert f"{no_user}:2" in err and "no user turn" in err
+    assert "--skip_bad_rows true to leave them out" in err  # a flag infer takes, too
+    out = tmp_path / "answers.jsonl"
+    assert cli_main(["infer", "--ckpt_dir", str(ckpt), "--val_dataset", str(no_user),
+                     "--skip_bad_rows", "true", "--max_new_tokens", "4",
+                     "--result_path", str(out)]) == 0
+    assert "skipped 1 bad row(s)" in capsys.readouterr().err
+    assert len(open(out).readlines()) == 1
     assert "--temperature must be 0 or more" in fails("--model", "tiny-qwen2", "--temperature",
                                                       "-1", "--query", "hi")
 

@@ -178,7 +178,7 @@ def load_conversations(specs: list[str], *, seed: int = 42, skip_bad_rows: bool 
             errors) > MAX_ERRORS_SHOWN else ""
         raise UsageError(f"{len(errors)} bad row(s) in the dataset:\n  " +
                          "\n  ".join(errors[:MAX_ERRORS_SHOWN]) + more +
-                         "\nFix them, or pass --skip_bad_rows true to train without them "
+                         "\nFix them, or pass --skip_bad_rows true to leave them out "
                          "(skipped rows are counted).")
     if errors:
         warn(f"skipped {len(errors)} bad row(s): " + ", ".join(

@@ -64,7 +64,8 @@ def infer(args: InferArguments | dict | None = None, *, messages=None, engine=No
 def batch_infer(engine: InferEngine, args: InferArguments) -> tuple[str, list[dict]]:
     """Answer every conversation of --val_dataset; returns (result path, records)."""
     from ..datasets import load_conversations
-    convs, report = load_conversations(args.val_dataset, require_reply=False)
+    convs, report = load_conversations(args.val_dataset, require_reply=False,
+                                       skip_bad_rows=args.skip_bad_rows)
     prompts, refs = [], []
     for c in convs:  # a conversation ending with a reply: that reply is the reference
         if c[-1]["role"] == "assistant":
@@ -195,7 +196,8 @@ def main(argv: list[str]) -> None:
     args.validate()
     if args.val_dataset:  # read and check the data before loading the model
         from ..datasets import load_conversations
-        load_conversations(args.val_dataset, require_reply=False)
+        load_conversations(args.val_dataset, require_reply=False,
+                           skip_bad_rows=args.skip_bad_rows)
     engine = load_engine(args)
     gen = args.generation_kwargs()
     if args.query is not None:
