@@ -148,6 +148,7 @@ def test_custom_dataset_example_with_validation_runs(tmp_path):
     assert (run / "images" / "eval_loss.png").exists()
     # 3 messages rows + alpaca#6 (3 rows, repeated): 6 read, 9 samples
     assert "dataset: 6 rows read -> 9 samples (#N sampling)" in r.stderr
+    assert "val: 2 samples of 2" in r.stderr  # the validation set is described like the train set
 
 
 def test_two_runs_in_one_process_each_get_their_tensorboard_folder(chat_jsonl, tmp_path):

@@ -142,10 +142,10 @@ def encode_dataset(conversations: list, template: Template, *, max_length: int,
 
 def describe(report: EncodeReport, name: str, max_length: int) -> str:
     d = report.to_dict()
-    lines = [f"{name}: {len(report.lengths)} samples of {d['samples']}; tokens per sample "
-             f"min {d['min_length']}, mean {d['mean_length']}, p95 {d['p95_length']}, "
-             f"max {d['max_length']} (max_length {max_length}); {d['trained_tokens']} trained "
-             f"tokens of {d['tokens']}"]
+    lines = [f"{name}: {len(report.lengths)} samples of {d['samples']}" + (
+        f"; tokens per sample min {d['min_length']}, mean {d['mean_length']}, p95 "
+        f"{d['p95_length']}, max {d['max_length']} (max_length {max_length}); "
+        f"{d['trained_tokens']} trained tokens of {d['tokens']}" if report.lengths else "")]
     lines.append(f"  truncated: {report.truncated}; dropped: " + (", ".join(
         f"{n} {k}" for k, n in report.dropped.items()) if report.dropped else "0"))
     return "\n".join(lines)

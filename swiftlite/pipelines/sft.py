@@ -89,16 +89,18 @@ def _run(args: SftArguments) -> SftResult:
         raise UsageError("no samples left after encoding: " + describe(
             enc_report, "train", args.max_length) + "\nRaise --max_length or use "
             "--truncation_strategy right.")
-    val_ds = None
+    val_ds = val_report = None
     if val_convs:
-        val_ds, _ = encode_dataset(val_convs, template, max_length=args.max_length,
-                                   truncation_strategy=args.truncation_strategy, name="val",
-                                   use_cache=args.load_from_cache_file)
+        val_ds, val_report = encode_dataset(val_convs, template, max_length=args.max_length,
+                                            truncation_strategy=args.truncation_strategy,
+                                            name="val", use_cache=args.load_from_cache_file)
     elif args.split_dataset_ratio > 0:
         split = train_ds.train_test_split(test_size=args.split_dataset_ratio, seed=args.data_seed)
         train_ds, val_ds = split["train"], split["test"]
     if is_main_process():
         info(describe(enc_report, "train", args.max_length))
+        if val_report is not None:
+            info(describe(val_report, "val", args.max_length))
         info("first sample:\n" + show_sample(train_ds[0], tokenizer))
         longest = max(range(len(train_ds)), key=lambda i: train_ds[i]["length"]) \
             if len(train_ds) < 200_000 else None
