@@ -1,6 +1,7 @@
 """Progress messages for people: to stderr, prefixed, only from the main process."""
 import os
 import sys
+from contextlib import contextmanager
 
 
 def is_main_process() -> bool:
@@ -30,3 +31,16 @@ def hide_library_noise() -> None:
     # printed 97 of these.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated",
                             category=FutureWarning)
+
+
+@contextmanager
+def quiet_loading():
+    """No transformers progress bars inside (loads that are internal checks, not the user's)."""
+    from transformers.utils import logging as hf_logging
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()

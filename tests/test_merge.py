@@ -36,6 +36,7 @@ def test_merge_cli_logits_match_and_folder_is_complete(merged):
     assert r.stdout.strip().splitlines()[-1] == out  # the merged folder, for scripts
     diff = float(re.search(r"max \|logit difference\| adapter vs merged: (\S+)", r.stdout).group(1))
     assert diff < 1e-4
+    assert "Loading weights" not in r.stderr  # the check's internal loads show no progress bars
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "chat_template.jinja", "swiftlite.json"):
         assert os.path.exists(os.path.join(out, name)), name
