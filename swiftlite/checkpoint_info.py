@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import UsageError
@@ -102,9 +103,12 @@ def _describe_folder(ckpt_dir: str, model: str | None) -> CheckpointInfo:
     elif os.path.exists(os.path.join(ckpt_dir, "config.json")):
         base_dir, minfo, kind = None, guess_info(ckpt_dir), "model"
     else:
+        last = _last_checkpoint(ckpt_dir)
+        hint = (f"This looks like a run folder: its last checkpoint is --ckpt_dir {last}"
+                if last else "Pass a checkpoint-<step> folder of a run, or a merged model folder")
         raise UsageError(f"--ckpt_dir {ckpt_dir}: neither a LoRA checkpoint (no "
-                         "adapter_config.json) nor a model folder (no config.json). Pass a "
-                         "checkpoint-<step> folder of a run, or a merged model folder.")
+                         "adapter_config.json) nor a model folder (no config.json). "
+                         f"{hint}.")
     info = CheckpointInfo(ckpt_dir, kind, base_dir,
                           args.get("template") or saved.get("template") or minfo.template,
                           torch_dtype=args.get("torch_dtype") or saved.get("torch_dtype"),
@@ -118,3 +122,13 @@ def _describe_folder(ckpt_dir: str, model: str | None) -> CheckpointInfo:
 
 def _existing(path):
     return path if path and os.path.isdir(path) else None
+
+
+def _last_checkpoint(run_dir: str) -> str | None:
+    """The highest-step checkpoint-<step> folder directly inside run_dir, if any."""
+    try:
+        steps = [(int(m.group(1)), name) for name in os.listdir(run_dir)
+                 if (m := re.fullmatch(r"checkpoint-(\d+)", name))]
+    except OSError:
+        return None
+    return os.path.join(run_dir, max(steps)[1]) if steps else None

@@ -186,6 +186,8 @@ def test_bad_input_gets_clear_messages(tmp_path, capsys, tiny_run):
     assert "neither a LoRA checkpoint" in fails("--ckpt_dir", tmp_path / "empty")
     assert "give --ckpt_dir" in fails("--query", "hi")
     ckpt = tiny_run.last_checkpoint
+    # A run folder instead of one of its checkpoints: the message names the last one.
+    assert f"its last checkpoint is --ckpt_dir {ckpt}" in fails("--ckpt_dir", tiny_run.output_dir)
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
     assert "no usable rows" in fails("--ckpt_dir", ckpt, "--val_dataset", empty)
     no_user = write_jsonl(tmp_path / "no_user.jsonl", [
