@@ -80,8 +80,9 @@ def _read_json(path: str) -> dict:
         return json.load(f)
 
 
-def resolve_model(model: str, *, progress: bool = True) -> tuple[str, ModelInfo]:
-    """(local folder, info) for `--model`; builds or downloads it when needed."""
+def check_model_name(model: str) -> None:
+    """The checks of resolve_model that need neither a build nor a download, so that a typo
+    in --model is reported before the data is read."""
     if not model:
         raise UsageError("--model is required: a local model folder, a hub id such as "
                          "Qwen/Qwen2-1.5B-Instruct, or an alias such as SmolLM2-135M-Instruct.")
@@ -89,15 +90,24 @@ def resolve_model(model: str, *, progress: bool = True) -> tuple[str, ModelInfo]
         if not os.path.exists(os.path.join(model, "config.json")):
             raise UsageError(f"--model {model}: the folder has no config.json, so it is not a "
                              "Hugging Face model folder.")
+        return
+    if lookup(model) is None and (model.startswith(("/", ".", "~")) or model.count("/") != 1):
+        import difflib
+        close = difflib.get_close_matches(model, list(MODELS), n=1)
+        hint = f"Did you mean {close[0]}? " if close else ""
+        raise UsageError(f"--model {model}: no such folder, and not a hub id (org/name) or a known "
+                         f"alias. {hint}Known aliases: {', '.join(MODELS)}.")
+
+
+def resolve_model(model: str, *, progress: bool = True) -> tuple[str, ModelInfo]:
+    """(local folder, info) for `--model`; builds or downloads it when needed."""
+    check_model_name(model)
+    if os.path.isdir(model):
         return model, guess_info(model)
     info = lookup(model)
     if info is not None and info.hub_id is None:
         from . import builtin
         return builtin.build(info.alias, progress=progress), info
-    if info is None and (model.startswith(("/", ".", "~")) or model.count("/") != 1):
-        known = ", ".join(MODELS)
-        raise UsageError(f"--model {model}: no such folder, and not a hub id (org/name) or a known "
-                         f"alias. Known aliases: {known}.")
     hub_id = info.hub_id if info else model
     path = _download(hub_id, model)
     return path, info or guess_info(path)

@@ -20,6 +20,7 @@ from ..datasets.preprocess import describe, encode_dataset, show_sample, \
 from ..errors import UsageError
 from ..log import info, is_main_process, warn
 from ..models import resolve_model
+from ..models.registry import check_model_name
 from ..models.loader import load_model, load_tokenizer
 from ..template import get_template
 from ..output import create_run_dir
@@ -39,6 +40,7 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     elif kwargs:
         raise UsageError("swiftlite.sft: pass an SftArguments object or keyword arguments, not both.")
     args.validate()
+    check_model_name(args.model)  # a typo is reported before the data is read
     from ..distributed import run_scope
     with run_scope():
         return _run(args)
