@@ -114,18 +114,10 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
                target_modules=("all-linear",)) -> ModelSpec:
     """Exact counts from the architecture built on the meta device (no memory used)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = {k: v for k, v in config.items() if not k.startswith("_")}
-    model_type = cfg.pop("model_type", None)
-    if not model_type:
-        raise UsageError(f"{name}: config.json has no model_type.")
-    try:
-        hf_config = AutoConfig.for_model(model_type, **cfg)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(hf_config)
-    except (ValueError, KeyError) as e:
-        raise UsageError(f"{name}: cannot build model_type {model_type!r} from its config "
-                         f"({e}).") from None
+    hf_config, model = meta_model(name, config)
+    if train_type != "full":
+        from .tuners import check_target_modules
+        check_target_modules(model, target_modules)
     unique = {id(p): p.numel() for p in model.parameters()}
     total = sum(unique.values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
@@ -144,19 +136,36 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
                      linear_outputs_per_layer=sum(m.out_features for m in layer0))
 
 
+def meta_model(name: str, config: dict):
+    """(transformers config, model) of this config.json's architecture on the meta device:
+    every module and parameter shape, no memory, no weights read."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = {k: v for k, v in config.items() if not k.startswith("_")}
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise UsageError(f"{name}: config.json has no model_type.")
+    try:
+        hf_config = AutoConfig.for_model(model_type, **cfg)
+        with torch.device("meta"):
+            return hf_config, AutoModelForCausalLM.from_config(hf_config)
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"{name}: cannot build model_type {model_type!r} from its config "
+                         f"({e}).") from None
+
+
 def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
     """(adapter parameters, adapted input features in one decoder layer), the way peft picks
-    modules: "all-linear" is every nn.Linear except the output layer; otherwise names match
-    the last part of a module's name."""
+    modules: "all-linear" is every nn.Linear except the output layer; otherwise a target
+    matches a module's full name or its ending after a dot (q_proj, self_attn.q_proj)."""
     import torch
     out_layer = model.get_output_embeddings()
     all_linear = list(targets) in (["all-linear"], ["all_linear"])
-    wanted = set(targets)
     params, first_layer_inputs, first_layer = 0, 0, None
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or module is out_layer:
             continue
-        if not (all_linear or name.split(".")[-1] in wanted):
+        if not (all_linear or any(name == t or name.endswith("." + t) for t in targets)):
             continue
         params += rank * (module.in_features + module.out_features)
         layer = name.split(".layers.")[1].split(".")[0] if ".layers." in name else None

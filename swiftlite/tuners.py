@@ -77,3 +77,36 @@ def _count(model, trainable_only: bool = True) -> int:
     # ZeRO-3 loads partitioned: a parameter's full size is then ds_numel, numel() is 0.
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
                if p.requires_grad or not trainable_only)
+
+
+def check_target_modules(model, targets) -> None:
+    """A UsageError naming every --target_modules entry that matches no module of `model`
+    (peft's rule for a list: a module's full name, or its ending after a dot), with the names
+    there are. Run on the meta-device model (memory.meta_model), it reports a typo before any
+    weights are loaded; peft itself would only after."""
+    if list(targets) in (["all-linear"], ["all_linear"]):
+        return
+    names = [n for n, _ in model.named_modules() if n]
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        import torch
+        linear = sorted({n.split(".")[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})
+        from .errors import UsageError
+        raise UsageError(f"--target_modules {' '.join(missing)}: no such module in this model. "
+                         f"Its linear layers: {', '.join(linear)}; or all-linear.")
+
+
+def check_target_modules_before_loading(model_dir: str, targets) -> None:
+    """check_target_modules on the meta-device build of model_dir's config.json, for sft to
+    call before loading the weights (a minute for a 7B model). Architectures transformers
+    cannot build from the config alone (remote code) are left to peft's own check."""
+    if list(targets) in (["all-linear"], ["all_linear"]):
+        return
+    from .errors import UsageError
+    from .memory import meta_model, read_config
+    try:
+        _, model = meta_model(*read_config(model_dir))
+    except UsageError:
+        return
+    check_target_modules(model, targets)

@@ -133,3 +133,15 @@ def test_training_arguments_transformers_rejects_are_usage_errors(tmp_path):
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert message in r.stderr
         assert not out.exists()
+
+
+def test_target_modules_typo_is_reported_before_the_weights_load(tmp_path):
+    """Checked on the meta-device build of the model's config (no weights read), with the
+    names the model has; peft's own check would come only after loading."""
+    r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#8",
+                "--target_modules", "q_proj", "vproj", "--output_dir", str(tmp_path / "out"),
+                check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "--target_modules vproj: no such module in this model" in r.stderr
+    assert "v_proj" in r.stderr and "Loading weights" not in r.stderr
+    assert not (tmp_path / "out").exists()

@@ -39,7 +39,7 @@ def test_counts_equal_the_real_model_and_peft(tiny_qwen2):
     assert full.linear_outputs_per_layer == sum(
         m.out_features for m in layer.modules() if isinstance(m, torch.nn.Linear))
     assert full.trainable_params == full.total_params
-    for targets in (["all-linear"], ["q_proj", "v_proj"]):
+    for targets in (["all-linear"], ["q_proj", "v_proj"], ["self_attn.q_proj", "down_proj"]):
         spec = memory.model_spec(name, config, "lora", lora_rank=4, target_modules=targets)
         peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen2),
                                     LoraConfig(r=4, target_modules=targets[0] if
@@ -47,6 +47,9 @@ def test_counts_equal_the_real_model_and_peft(tiny_qwen2):
         trainable, _ = peft_model.get_nb_trainable_parameters()
         assert spec.trainable_params == trainable
         assert spec.total_params == full.total_params  # the base: adapters counted apart
+    # A target no module has is an error (peft's own rule), not an adapter of 0 parameters.
+    with pytest.raises(UsageError, match="--target_modules qproj: no such module.*q_proj"):
+        memory.model_spec(name, config, "lora", target_modules=["q_proj", "qproj"])
 
 
 @pytest.mark.parametrize("alias", [a for a, m in MODELS.items() if m.hub_id])

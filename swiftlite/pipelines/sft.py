@@ -112,6 +112,9 @@ def _run(args: SftArguments) -> SftResult:
 
     # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
     # renders prompts exactly as trained, with or without swiftlite.
+    from ..tuners import check_target_modules_before_loading
+    if args.train_type == "lora":
+        check_target_modules_before_loading(model_dir, args.target_modules)
     from ..deepspeed import zero3_init
     zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
     model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
