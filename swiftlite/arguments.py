@@ -159,7 +159,8 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
                             f"{self.split_dataset_ratio}")
         if self.split_dataset_ratio and self.val_dataset:
             problems.append("give --val_dataset or --split_dataset_ratio, not both")
-        evaluate = str(self.training_args.get("eval_strategy", "no")).lower()
+        evaluate = self.training_args.get("eval_strategy", "no")
+        evaluate = "no" if evaluate is False else str(evaluate).lower()  # YAML reads no as False
         if evaluate not in ("no", "intervalstrategy.no") and not (
                 self.val_dataset or self.split_dataset_ratio):
             problems.append(f"--eval_strategy {self.training_args['eval_strategy']} needs data "

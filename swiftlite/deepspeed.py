@@ -116,7 +116,8 @@ def recommended_preset(args, hw) -> str | None:
                        cpu_memory=host, train_type=args.train_type, max_length=args.max_length,
                        batch_size=args.per_device_train_batch_size,
                        torch_dtype=resolve_dtype(args.torch_dtype, hw), lora_rank=args.lora_rank,
-                       target_modules=tuple(args.target_modules),
+                       target_modules=args.target_modules if isinstance(
+                           args.target_modules, str) else tuple(args.target_modules),
                        selective_checkpointing=args.selective_checkpointing)
     if not choice.fits:
         raise UsageError(f"--deepspeed auto: no configuration fits ({choice.reason}). See "

@@ -29,7 +29,7 @@ def run_scope():
     from .log import hide_library_noise
     before = {k: os.environ.get(k) for k in RUN_ENV}
     # Looked up, not imported: a bad data row should fail before torch is even loaded.
-    had_state, had_group = _accelerate_state() is not None, _process_group() is not None
+    had_states, had_group = _accelerate_states(), _process_group() is not None
     try:
         with warnings.catch_warnings():  # the caller's warning filters come back afterwards
             hide_library_noise()
@@ -37,10 +37,12 @@ def run_scope():
     finally:
         if not had_group and before["WORLD_SIZE"] is None and _process_group() is not None:
             _destroy_process_group()  # the group of one that deepspeed.py started
-        state = _accelerate_state()
-        if not had_state and state is not None:  # accelerate's own reset, as its tests do
-            state.AcceleratorState._reset_state(reset_partial_state=True)
-            state.GradientState._reset_state()
+        # Each of accelerate's three shared states that the run created is cleared, as
+        # accelerate's own _reset_state does between its tests; one the caller had (e.g. a
+        # PartialState from its own TrainingArguments) stays.
+        state = sys.modules.get("accelerate.state")
+        for name in _accelerate_states() - had_states:
+            getattr(state, name)._shared_state.clear()
         for k, v in before.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -48,10 +50,13 @@ def run_scope():
                 os.environ[k] = v
 
 
-def _accelerate_state():
-    """accelerate's state module if it holds a state (None when not even imported)."""
+def _accelerate_states() -> set[str]:
+    """Which of accelerate's shared states exist (none when accelerate is not imported)."""
     state = sys.modules.get("accelerate.state")
-    return state if state is not None and state.PartialState._shared_state else None
+    if state is None:
+        return set()
+    return {name for name in ("PartialState", "AcceleratorState", "GradientState")
+            if getattr(state, name)._shared_state}
 
 
 def _process_group():

@@ -160,7 +160,12 @@ def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
     matches a module's full name or its ending after a dot (q_proj, self_attn.q_proj)."""
     import torch
     out_layer = model.get_output_embeddings()
-    all_linear = list(targets) in (["all-linear"], ["all_linear"])
+    if isinstance(targets, str) and targets not in ("all-linear", "all_linear"):
+        import re  # a single string is a regex over full module names, as in peft
+        pattern = targets
+        targets = [n for n, _ in model.named_modules() if re.fullmatch(pattern, n)]
+    all_linear = targets in ("all-linear", "all_linear") or \
+        list(targets) in (["all-linear"], ["all_linear"])
     params, first_layer_inputs, first_layer = 0, 0, None
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or module is out_layer:

@@ -78,6 +78,8 @@ def _also_scalar(tp) -> bool:
 def _scalar(v, scalar):
     if isinstance(v, str) and v.lower() in ("none", "null") and scalar is not str:
         return None
+    if v is False and scalar is str:  # YAML 1.1 reads an unquoted `no` as false
+        return "no"
     if scalar is bool:
         return str2bool(v)
     if scalar is int:

@@ -222,7 +222,10 @@ def _training_arguments(args, run_dir: str, accum: int, dtype: str, hw, extra: d
 def _check_optimizer(ta, model) -> None:
     """Resolve --optim now, before the run folder exists: an optimizer whose library is
     missing (adamw_bnb_8bit without bitsandbytes) otherwise fails only once training starts,
-    with a traceback, leaving a run folder that never trained."""
+    with a traceback, leaving a run folder that never trained. A DeepSpeed config with its own
+    optimizer (the offload presets) makes --optim unused: nothing to check."""
+    if isinstance(ta.deepspeed, dict) and "optimizer" in ta.deepspeed:
+        return
     from transformers import Trainer
     try:
         Trainer.get_optimizer_cls_and_kwargs(ta, model)

@@ -84,8 +84,8 @@ def check_target_modules(model, targets) -> None:
     (peft's rule for a list: a module's full name, or its ending after a dot), with the names
     there are. Run on the meta-device model (memory.meta_model), it reports a typo before any
     weights are loaded; peft itself would only after."""
-    if list(targets) in (["all-linear"], ["all_linear"]):
-        return
+    if isinstance(targets, str) or list(targets) in (["all-linear"], ["all_linear"]):
+        return  # a single string is a regex to peft: left to peft
     names = [n for n, _ in model.named_modules() if n]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
@@ -97,11 +97,14 @@ def check_target_modules(model, targets) -> None:
                          f"Its linear layers: {', '.join(linear)}; or all-linear.")
 
 
-def check_target_modules_before_loading(model_dir: str, targets) -> None:
+def check_target_modules_before_loading(model_dir: str, targets,
+                                        trust_remote_code: bool = False) -> None:
     """check_target_modules on the meta-device build of model_dir's config.json, for sft to
-    call before loading the weights (a minute for a 7B model). Architectures transformers
-    cannot build from the config alone (remote code) are left to peft's own check."""
-    if list(targets) in (["all-linear"], ["all_linear"]):
+    call before loading the weights (a minute for a 7B model). Remote-code models (their
+    module names may differ from transformers' class) and architectures transformers cannot
+    build from the config alone are left to peft's own check."""
+    if trust_remote_code or isinstance(targets, str) or \
+            list(targets) in (["all-linear"], ["all_linear"]):
         return
     from .errors import UsageError
     from .memory import meta_model, read_config

@@ -123,11 +123,23 @@ def test_training_arguments_transformers_rejects_are_usage_errors(tmp_path):
         parse("--model", "m", "--dataset", "d.jsonl", "--eval_strategy", "steps").validate()
     parse("--model", "m", "--dataset", "d.jsonl", "--eval_strategy", "steps",
           "--split_dataset_ratio", "0.1").validate()
+    # YAML reads an unquoted `no` as false: it means "no" for a text field.
+    assert build(SftArguments, {"model": "m", "dataset": ["d"], "eval_strategy": False}
+                 ).validate().training_args["eval_strategy"] == "no"
+    # A DeepSpeed config with its own optimizer (the offload presets) leaves --optim unused.
+    import types
+    from swiftlite.deepspeed import load_config
+    from swiftlite.trainer import _check_optimizer
+    offload = load_config("zero3_offload")
+    assert "optimizer" in offload
+    _check_optimizer(types.SimpleNamespace(deepspeed=offload, optim="adamw_bnb_8bit"), None)
+    import importlib.util
+    cases = [(["--load_best_model_at_end", "true", "--save_strategy", "epoch"],
+              "transformers rejects these training arguments")]
+    if importlib.util.find_spec("bitsandbytes") is None:  # not a dependency; absent here
+        cases.append((["--optim", "adamw_bnb_8bit"], "--optim adamw_bnb_8bit: You need to install"))
     out = tmp_path / "out"
-    for extra, message in (
-            (["--load_best_model_at_end", "true", "--save_strategy", "epoch"],
-             "transformers rejects these training arguments"),
-            (["--optim", "adamw_bnb_8bit"], "--optim adamw_bnb_8bit: You need to install")):
+    for extra, message in cases:
         r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#8",
                     "--max_steps", "1", "--output_dir", str(out), *extra, check=False)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -145,3 +157,9 @@ def test_target_modules_typo_is_reported_before_the_weights_load(tmp_path):
     assert "--target_modules vproj: no such module in this model" in r.stderr
     assert "v_proj" in r.stderr and "Loading weights" not in r.stderr
     assert not (tmp_path / "out").exists()
+    # A single string is a regex to peft (Python API): not checked by name, left to peft.
+    from swiftlite.memory import meta_model, read_config
+    from swiftlite.tuners import check_target_modules
+    model = meta_model(*read_config("tiny-qwen2"))[1]
+    check_target_modules(model, r".*\.(q|v)_proj")
+    check_target_modules(model, ["self_attn.q_proj", "embed_tokens", "lm_head"])

@@ -217,7 +217,7 @@ def test_web_ui_on_a_taken_port_says_so_in_one_line(tmp_path):
         r = run_cli("web-ui", "--port", str(port), "--output_root", str(tmp_path / "out"),
                     check=False)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert f"--port {port}: 127.0.0.1:{port} is already in use" in r.stderr
     assert f"--port {port + 1}" in r.stderr
 
 
@@ -243,10 +243,10 @@ def test_run_list_tolerates_a_run_name_it_no_longer_lists(tmp_path):
     import gradio as gr
     from webui import train_tab
     root = tmp_path / "out"
-    for name in ("v0-20260101-000000", "v1-20260101-000001"):
+    for age, name in ((100, "v0-20260101-000000"), (0, "v1-20260101-000001")):
         (root / "m" / name).mkdir(parents=True)
         (root / "m" / name / "args.json").write_text("{}")
-        time.sleep(0.05)  # newest first is by modification time
+        os.utime(root / "m" / name, (time.time() - age,) * 2)  # newest first: by mtime
     with gr.Blocks():
         tab = train_tab.build(RunManager(str(root)))
     run_select = tab["refresh_inputs"]

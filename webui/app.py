@@ -89,12 +89,22 @@ def main(argv: list[str]) -> None:
 
 
 def _check_port_free(host: str, port: int) -> None:
-    """Gradio reports a taken port with a traceback, after the app is built; say it first."""
+    """Gradio reports a taken port with a traceback, after the app is built; say it first.
+    Bound as the server will be (its address family, SO_REUSEADDR); only "in use" is reported,
+    anything else is left to gradio."""
+    import errno
     import socket
-    with socket.socket() as s:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))
+            s.bind(address)
         except OSError as e:
-            raise UsageError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror}; "
-                             "another web-ui?). Pass another --port, e.g. --port "
-                             f"{port + 1}.") from None
+            if e.errno != errno.EADDRINUSE:
+                return
+            raise UsageError(f"--port {port}: {host}:{port} is already in use (another "
+                             f"web-ui?). Pass another --port, e.g. --port {port + 1}.") from None

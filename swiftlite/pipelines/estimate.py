@@ -66,7 +66,8 @@ def recommend(model: str, *, gpus: int = 1, nodes: int = 1, gpu_memory="24GB",
                              cpu_memory=size(cpu_memory), train_type=train_type,
                              max_length=max_length, batch_size=batch_size,
                              torch_dtype=torch_dtype, lora_rank=lora_rank,
-                             target_modules=list(target_modules), chunked_loss=chunked_loss,
+                             target_modules=target_modules if isinstance(
+                                 target_modules, str) else list(target_modules), chunked_loss=chunked_loss,
                              selective_checkpointing=selective_checkpointing)
     return Choice(**run(args)["recommendation"])
 

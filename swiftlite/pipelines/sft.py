@@ -41,6 +41,7 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
         raise UsageError("swiftlite.sft: pass an SftArguments object or keyword arguments, not both.")
     args.validate()
     check_model_name(args.model)  # a typo is reported before the data is read
+    vars(args).pop("_deepspeed_auto", None)  # --deepspeed auto is decided anew for each run
     from ..distributed import run_scope
     with run_scope():
         return _run(args)
@@ -114,7 +115,8 @@ def _run(args: SftArguments) -> SftResult:
     # renders prompts exactly as trained, with or without swiftlite.
     from ..tuners import check_target_modules_before_loading
     if args.train_type == "lora":
-        check_target_modules_before_loading(model_dir, args.target_modules)
+        check_target_modules_before_loading(model_dir, args.target_modules,
+                                            args.trust_remote_code)
     from ..deepspeed import zero3_init
     zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
     model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
