@@ -124,7 +124,8 @@ def test_self_cognition_fills_name_and_author():
     assert len(convs) == 200
 
 
-def test_encoding_truncation_counts_and_cache(tmp_path, tiny_qwen2, monkeypatch):
+def test_encoding_truncation_counts_and_cache(tmp_path, tiny_qwen2, monkeypatch, capsys):
+    import datasets
     monkeypatch.setenv("SWIFTLITE_CACHE", str(tmp_path / "cache"))
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
@@ -135,6 +136,10 @@ def test_encoding_truncation_counts_and_cache(tmp_path, tiny_qwen2, monkeypatch)
     assert len(ds) == 2 and sum(rep.dropped.values()) == 1 and rep.truncated == 0
     ds, rep = encode_dataset(convs, t, max_length=40, truncation_strategy="right")
     assert len(ds) == 3 and rep.truncated == 1 and max(ds["length"]) == 40
+    # Writing the cache shows no "Saving the dataset" bar of its own, and leaves datasets'
+    # bars as they were.
+    assert "Saving the dataset" not in capsys.readouterr().err
+    assert datasets.is_progress_bar_enabled()
     ds2, rep2 = encode_dataset(convs, t, max_length=40, truncation_strategy="right")
     assert rep2.from_cache and rep2.cache_path == rep.cache_path
     assert ds2["input_ids"] == ds["input_ids"]

@@ -128,7 +128,15 @@ def encode_dataset(conversations: list, template: Template, *, max_length: int,
     if use_cache and len(ds):  # an empty result is an error for the caller, not worth caching
         tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(path))
         try:
-            ds.save_to_disk(tmp)
+            # Our own bar above already showed the work; datasets' "Saving the dataset" bar
+            # for writing the cache says nothing more.
+            was_enabled = datasets.is_progress_bar_enabled()
+            datasets.disable_progress_bars()
+            try:
+                ds.save_to_disk(tmp)
+            finally:
+                if was_enabled:
+                    datasets.enable_progress_bars()
             with open(os.path.join(tmp, "swiftlite_report.json"), "w") as f:
                 json.dump(report.to_dict(), f)
             shutil.rmtree(path, ignore_errors=True)
