@@ -157,7 +157,8 @@ def meta_model(name: str, config: dict):
 def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
     """(adapter parameters, adapted input features in one decoder layer), the way peft picks
     modules: "all-linear" is every nn.Linear except the output layer; otherwise a target
-    matches a module's full name or its ending after a dot (q_proj, self_attn.q_proj)."""
+    matches a module's full name or its ending after a dot (q_proj, self_attn.q_proj), an
+    embedding (embed_tokens) or the output layer (lm_head) included."""
     import torch
     out_layer = model.get_output_embeddings()
     if isinstance(targets, str) and targets not in ("all-linear", "all_linear"):
@@ -168,9 +169,14 @@ def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
         list(targets) in (["all-linear"], ["all_linear"])
     params, first_layer_inputs, first_layer = 0, 0, None
     for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or module is out_layer:
+        if all_linear:
+            if not isinstance(module, torch.nn.Linear) or module is out_layer:
+                continue
+        elif not (isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and
+                  any(name == t or name.endswith("." + t) for t in targets)):
             continue
-        if not (all_linear or any(name == t or name.endswith("." + t) for t in targets)):
+        if isinstance(module, torch.nn.Embedding):  # A: r x vocab, B: dim x r; no activations
+            params += rank * (module.num_embeddings + module.embedding_dim)
             continue
         params += rank * (module.in_features + module.out_features)
         layer = name.split(".layers.")[1].split(".")[0] if ".layers." in name else None

@@ -39,7 +39,8 @@ def test_counts_equal_the_real_model_and_peft(tiny_qwen2):
     assert full.linear_outputs_per_layer == sum(
         m.out_features for m in layer.modules() if isinstance(m, torch.nn.Linear))
     assert full.trainable_params == full.total_params
-    for targets in (["all-linear"], ["q_proj", "v_proj"], ["self_attn.q_proj", "down_proj"]):
+    for targets in (["all-linear"], ["q_proj", "v_proj"], ["self_attn.q_proj", "down_proj"],
+                    ["embed_tokens", "lm_head", "q_proj"]):
         spec = memory.model_spec(name, config, "lora", lora_rank=4, target_modules=targets)
         peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_qwen2),
                                     LoraConfig(r=4, target_modules=targets[0] if
