@@ -160,13 +160,14 @@ def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
     matches a module's full name or its ending after a dot (q_proj, self_attn.q_proj), an
     embedding (embed_tokens) or the output layer (lm_head) included."""
     import torch
+
+    from .tuners import is_all_linear
     out_layer = model.get_output_embeddings()
-    if isinstance(targets, str) and targets not in ("all-linear", "all_linear"):
+    all_linear = is_all_linear(targets)
+    if isinstance(targets, str) and not all_linear:
         import re  # a single string is a regex over full module names, as in peft
         pattern = targets
         targets = [n for n, _ in model.named_modules() if re.fullmatch(pattern, n)]
-    all_linear = targets in ("all-linear", "all_linear") or \
-        list(targets) in (["all-linear"], ["all_linear"])
     params, first_layer_inputs, first_layer = 0, 0, None
     for name, module in model.named_modules():
         if all_linear:

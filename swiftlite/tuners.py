@@ -3,6 +3,13 @@ from __future__ import annotations
 
 from .log import info
 
+ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the output layer
+
+
+def is_all_linear(targets) -> bool:
+    """--target_modules all-linear (as a string or a one-item list)."""
+    return targets == ALL_LINEAR or (not isinstance(targets, str) and list(targets) == [ALL_LINEAR])
+
 
 def prepare_model(model, args, device: str | None = None):
     """Wrap `model` for training per args.train_type; returns the model to train. `device`:
@@ -44,7 +51,7 @@ def prepare_model(model, args, device: str | None = None):
         return model
     from peft import LoraConfig, get_peft_model
     targets = args.target_modules
-    target = "all-linear" if targets in (["all-linear"], "all-linear") else targets
+    target = ALL_LINEAR if is_all_linear(targets) else targets
     config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
                         lora_dropout=args.lora_dropout, target_modules=target,
                         task_type="CAUSAL_LM")
@@ -84,7 +91,7 @@ def check_target_modules(model, targets) -> None:
     (peft's rule for a list: a module's full name, or its ending after a dot), with the names
     there are. Run on the meta-device model (memory.meta_model), it reports a typo before any
     weights are loaded; peft itself would only after."""
-    if isinstance(targets, str) or list(targets) in (["all-linear"], ["all_linear"]):
+    if isinstance(targets, str) or is_all_linear(targets):
         return  # a single string is a regex to peft: left to peft
     names = [n for n, _ in model.named_modules() if n]
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
@@ -103,8 +110,7 @@ def check_target_modules_before_loading(model_dir: str, targets,
     call before loading the weights (a minute for a 7B model). Remote-code models (their
     module names may differ from transformers' class) and architectures transformers cannot
     build from the config alone are left to peft's own check."""
-    if trust_remote_code or isinstance(targets, str) or \
-            list(targets) in (["all-linear"], ["all_linear"]):
+    if trust_remote_code or isinstance(targets, str) or is_all_linear(targets):
         return
     from .errors import UsageError
     from .memory import meta_model, read_config
