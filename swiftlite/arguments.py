@@ -111,7 +111,8 @@ class TrainArguments:
                                         "(SmolLM2-135M: 1.12x faster for 0.26 MB more per token "
                                         "in bf16, 1.15x for 0.48 MB in fp32)", group="train")
     deepspeed: Optional[str] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
-                                   "zero3_offload, a JSON file or inline JSON", group="train")
+                                   "zero3_offload, auto (the fastest that fits, per swiftlite "
+                                   "estimate), a JSON file or inline JSON", group="train")
     resume_from_checkpoint: Optional[str] = arg(None, "continue from this checkpoint folder",
                                                 group="train")
     padding_free: bool = arg(True, "pack each batch into one row without padding (attention "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 
 from .errors import UsageError
@@ -103,7 +102,8 @@ def _describe_folder(ckpt_dir: str, model: str | None) -> CheckpointInfo:
     elif os.path.exists(os.path.join(ckpt_dir, "config.json")):
         base_dir, minfo, kind = None, guess_info(ckpt_dir), "model"
     else:
-        last = _last_checkpoint(ckpt_dir)
+        from .output import last_checkpoint
+        last = last_checkpoint(ckpt_dir)
         hint = (f"This looks like a run folder: its last checkpoint is --ckpt_dir {last}"
                 if last else "Pass a checkpoint-<step> folder of a run, or a merged model folder")
         raise UsageError(f"--ckpt_dir {ckpt_dir}: neither a LoRA checkpoint (no "
@@ -123,12 +123,3 @@ def _describe_folder(ckpt_dir: str, model: str | None) -> CheckpointInfo:
 def _existing(path):
     return path if path and os.path.isdir(path) else None
 
-
-def _last_checkpoint(run_dir: str) -> str | None:
-    """The highest-step checkpoint-<step> folder directly inside run_dir, if any."""
-    try:
-        steps = [(int(m.group(1)), name) for name in os.listdir(run_dir)
-                 if (m := re.fullmatch(r"checkpoint-(\d+)", name))]
-    except OSError:
-        return None
-    return os.path.join(run_dir, max(steps)[1]) if steps else None

@@ -34,13 +34,25 @@ def hide_library_noise() -> None:
 
 
 @contextmanager
-def quiet_loading():
-    """No transformers progress bars inside (loads that are internal checks, not the user's)."""
-    from transformers.utils import logging as hf_logging
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+def quiet_progress_bars():
+    """No transformers or datasets progress bars inside (internal work whose own bar says
+    nothing to the user: a verification load, writing a cache). Each library's setting is
+    restored after; a library not imported yet is left alone."""
+    import sys
+    switches = []
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+        switches.append((hf_logging.is_progress_bar_enabled(), hf_logging.disable_progress_bar,
+                         hf_logging.enable_progress_bar))
+    if "datasets" in sys.modules:
+        import datasets
+        switches.append((datasets.is_progress_bar_enabled(), datasets.disable_progress_bars,
+                         datasets.enable_progress_bars))
+    for _, disable, _ in switches:
+        disable()
     try:
         yield
     finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
+        for was_enabled, _, enable in switches:
+            if was_enabled:
+                enable()

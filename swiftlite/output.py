@@ -30,3 +30,14 @@ def planned_run_dir(args) -> str:
 def create_run_dir(run_dir: str) -> str:
     os.makedirs(run_dir, exist_ok=True)
     return run_dir
+
+
+def last_checkpoint(run_dir: str) -> str | None:
+    """The highest-step checkpoint-<step> folder directly inside run_dir (None: none, or no
+    such folder)."""
+    try:
+        steps = [(int(m.group(1)), name) for name in os.listdir(run_dir)
+                 if (m := re.fullmatch(r"checkpoint-(\d+)", name))]
+    except OSError:
+        return None
+    return os.path.join(run_dir, max(steps)[1]) if steps else None

@@ -40,7 +40,7 @@ def _widget(f, root: str):
         return gr.Dropdown(choices=[("auto (the model's own)", "")] + _templates(), value="",
                            allow_custom_value=True, **common)
     if name == "deepspeed":  # the shipped presets, or a JSON file typed in
-        return gr.Dropdown(choices=[("off", "")] + _presets(), value="",
+        return gr.Dropdown(choices=[("off", "")] + _presets() + ["auto"], value="",
                            allow_custom_value=True, **common)
     if k == "bool":
         return gr.Checkbox(value=bool(d), **common)

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from ..log import info, warn
+from ..log import info, quiet_progress_bars, warn
 from ..paths import cache_dir
 from ..template import IGNORE_INDEX, Template
 
@@ -130,13 +130,8 @@ def encode_dataset(conversations: list, template: Template, *, max_length: int,
         try:
             # Our own bar above already showed the work; datasets' "Saving the dataset" bar
             # for writing the cache says nothing more.
-            was_enabled = datasets.is_progress_bar_enabled()
-            datasets.disable_progress_bars()
-            try:
+            with quiet_progress_bars():
                 ds.save_to_disk(tmp)
-            finally:
-                if was_enabled:
-                    datasets.enable_progress_bars()
             with open(os.path.join(tmp, "swiftlite_report.json"), "w") as f:
                 json.dump(report.to_dict(), f)
             shutil.rmtree(path, ignore_errors=True)

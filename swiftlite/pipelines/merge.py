@@ -222,13 +222,13 @@ def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..log import quiet_loading
+    from ..log import quiet_progress_bars
     samples = [template.tokenizer(template.render(c, add_generation_prompt=c[-1]["role"] == "user")
                                   [0], add_special_tokens=False)["input_ids"]
                for c in CHECK_CONVERSATIONS]
 
     def logits_of(path, dtype, adapter=None):
-        with quiet_loading():  # three internal loads: their progress bars say nothing new
+        with quiet_progress_bars():  # three internal loads: their progress bars say nothing new
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         if adapter:
             model = PeftModel.from_pretrained(model, adapter)

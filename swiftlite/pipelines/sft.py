@@ -23,7 +23,7 @@ from ..models import resolve_model
 from ..models.registry import check_model_name
 from ..models.loader import load_model, load_tokenizer
 from ..template import get_template
-from ..output import create_run_dir
+from ..output import create_run_dir, last_checkpoint
 
 
 @dataclass
@@ -154,18 +154,10 @@ def _run(args: SftArguments) -> SftResult:
     metrics = dict(result.metrics)
     if val_ds is not None:
         metrics.update(trainer.evaluate())
-    last = _last_checkpoint(run_dir)
+    last = last_checkpoint(run_dir)
     if is_main_process():
         plot_losses(run_dir)
         with open(os.path.join(run_dir, "metrics.json"), "w") as f:
             json.dump(metrics, f, indent=2)
         info(f"done: {run_dir}" + (f"; last checkpoint {last}" if last else ""))
     return SftResult(run_dir, last, metrics)
-
-
-def _last_checkpoint(run_dir: str) -> str | None:
-    ckpts = [d for d in os.listdir(run_dir) if d.startswith("checkpoint-") and
-             d.split("-")[-1].isdigit()]
-    if not ckpts:
-        return None
-    return os.path.join(run_dir, max(ckpts, key=lambda d: int(d.split("-")[-1])))
