@@ -200,14 +200,16 @@ def zero3_init(args, hw, dtype: str):
     _single_process_env()
     _enable_on_cpu(hw)
     # zero.Init reads only the partitioning and dtype settings, but the config must parse:
-    # the Trainer fills the "auto" values later, here any valid value does.
+    # the Trainer fills the "auto" values later, here any valid value does. No
+    # train_batch_size: zero.Init parses the config before it starts the process group, so
+    # DeepSpeed sees a world size of 1 then, and a total batch stated for the real world size
+    # fails its batch check on a GPU host (on a CPU host _enable_on_cpu has started the group
+    # already). Left out, DeepSpeed derives it from the other two for whatever world it sees.
     init = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
             "bf16": {"enabled": dtype == "bfloat16" and hw.device != "cpu"},
             "fp16": {"enabled": dtype == "float16"},
             "zero_optimization": {k: v for k, v in config["zero_optimization"].items()
                                   if v != "auto"}}
-    from .distributed import world_size
-    init["train_batch_size"] = world_size()
     from transformers.integrations import HfDeepSpeedConfig
     return HfDeepSpeedConfig(init)
 

@@ -380,3 +380,17 @@ for deepspeed in ("zero2", "", "zero3"):
                    "in v6", "`torch.distributed.reduce_scatter_tensor` is deprecated",
                    "unable to detect"):
         assert hidden not in r.stderr, (hidden, r.stderr[-3000:])
+
+
+def test_zero3_loads_partitioned_on_the_gpu_branch_with_two_ranks(tmp_path):
+    """ZeRO-3 model loading as on a GPU/NPU host (Hardware("cuda") given by hand, so the CPU
+    enablement that starts the process group early is skipped), 2 ranks under torchrun:
+    zero.Init parsed its config before the group existed and rejected a train_batch_size of 2
+    (`2 != 1 * 1 * 1`) on every rank. Each rank must load its half of the weights."""
+    run([os.path.join(BIN, "torchrun"), "--nproc_per_node", 2, "--master_port", free_port(),
+         os.path.join(REPO, "tests", "zero3_init_gpu_branch.py"), tmp_path], child_env())
+    held = [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+    assert [h["world"] for h in held] == [2, 2]
+    assert all(h["partitioned"] for h in held)
+    full = held[0]["full_numel"]
+    assert all(h["local_numel"] * 2 == full for h in held), held
