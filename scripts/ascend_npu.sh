@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ascend NPUs (torch_npu installed; HCCL is chosen as the backend by swiftlite.hardware).
+# Ascend NPUs (torch_npu installed; HCCL is chosen as the backend by swiftlite.runtime.hardware).
 #   ASCEND_RT_VISIBLE_DEVICES=0,1,2,3 NPROC_PER_NODE=4 bash scripts/ascend_npu.sh
 set -euo pipefail
 source "$(dirname "$0")/_common.sh"

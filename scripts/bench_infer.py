@@ -51,7 +51,7 @@ def bench_generate(model: str, max_new_tokens: int, repeats: int, batch_sizes, t
     import torch
     if threads:
         torch.set_num_threads(threads)
-    from swiftlite.generate import InferEngine
+    from swiftlite.inference.engine import InferEngine
     engine = InferEngine.load(model=model)
     config = engine.generation_config(max_new_tokens=max_new_tokens)
     config.min_new_tokens = max_new_tokens  # fixed-length answers: throughput, not answer length
@@ -90,9 +90,9 @@ if mode.startswith("streaming"):
     swiftlite.merge_lora(ckpt, out, verify=mode == "streaming+verify")
 elif mode == "naive":
     from swiftlite.pipelines.merge import naive_merge
-    from swiftlite.checkpoint_info import describe
+    from swiftlite.inference.checkpoints import describe
     naive_merge(describe(ckpt).base_dir, ckpt, out, torch.float32)
-from swiftlite.memory import peak_rss_bytes
+from swiftlite.runtime.allocator import peak_rss_bytes
 print(json.dumps({"peak_rss_mib": round(peak_rss_bytes() / 2**20),
                   "seconds": round(time.time() - t0, 1)}))
 """

@@ -100,16 +100,16 @@ def cmd_ab(a, extra):
     (encode, load_model, prepare_model, collator, supervised_head_loss), AdamW as the Trainer."""
     import torch
 
-    from swiftlite.arguments import SftArguments
-    from swiftlite.parsing import build
-    from swiftlite.datasets import load_conversations
-    from swiftlite.datasets.preprocess import encode_dataset
-    from swiftlite.loss import supervised_head_loss
+    from swiftlite.config.arguments import SftArguments
+    from swiftlite.config.parsing import build
+    from swiftlite.data import load_conversations
+    from swiftlite.data.encode import encode_dataset
+    from swiftlite.training.speedups.chunked_loss import supervised_head_loss
     from swiftlite.models import resolve_model
     from swiftlite.models.loader import load_model, load_tokenizer
-    from swiftlite.template import get_template
-    from swiftlite.trainer import collator
-    from swiftlite.tuners import prepare_model
+    from swiftlite.data.template import get_template
+    from swiftlite.training.trainer import collator
+    from swiftlite.training.tuners import prepare_model
     base = {"model": a.model, "dataset": [a.dataset], "template": a.template, "max_length": 512,
             "lora_dropout": 0.05, "torch_dtype": "float32"}
     variants = [_variant(s, base) for s in a.variant]
@@ -167,12 +167,12 @@ def cmd_ab(a, extra):
 
 _MEM_CHILD = r"""
 import json, sys, torch
-from swiftlite.arguments import SftArguments
-from swiftlite.memory import peak_rss_bytes
-from swiftlite.loss import supervised_head_loss
+from swiftlite.config.arguments import SftArguments
+from swiftlite.runtime.allocator import peak_rss_bytes
+from swiftlite.training.speedups.chunked_loss import supervised_head_loss
 from swiftlite.models import resolve_model
 from swiftlite.models.loader import load_model
-from swiftlite.tuners import prepare_model
+from swiftlite.training.tuners import prepare_model
 model_dir, length, chunked, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
 model = prepare_model(load_model(resolve_model(model_dir)[0], dtype),
                       SftArguments(model="x", dataset=["x"]))

@@ -55,7 +55,7 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
     build(model)  # built and cached before the baseline, like any local model folder
     data = write_long_samples(os.path.join(out, "long.jsonl"), batch * steps)
     # Also note the resident memory when training starts (model, tokenizer and data loaded).
-    from swiftlite.trainer import JsonlLogger
+    from swiftlite.training.callbacks import JsonlLogger
     at_start, original = {}, JsonlLogger.on_train_begin
 
     def on_train_begin(self, *a, **kw):
@@ -70,7 +70,7 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
                   gradient_accumulation_steps=1, max_steps=steps, gradient_checkpointing=ckpt,
                   torch_dtype=dtype, logging_steps=1, save_steps=10_000, output_dir=out,
                   report_to="none", load_from_cache_file=False)
-    from swiftlite.memory import peak_rss_bytes
+    from swiftlite.runtime.allocator import peak_rss_bytes
     peak = peak_rss_bytes()
     # Training memory as a device would hold it: the weights, plus everything training added
     # on top of the process as it stood when training began (tokenizer, data and Python
@@ -82,7 +82,8 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
 
 def estimated(model: str, train_type: str, ckpt: bool, max_length: int, batch: int,
               dtype: str) -> int:
-    from swiftlite.memory import estimate, model_spec, read_config
+    from swiftlite.estimate.memory import estimate, model_spec
+    from swiftlite.models.meta import read_config
     name, config = read_config(model)
     spec = model_spec(name, config, train_type)
     row = estimate(spec, dtype=dtype, train_type=train_type, max_length=max_length,

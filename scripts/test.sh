@@ -6,10 +6,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # The Web-UI tests drive Debian's Chromium through Playwright (Playwright's own browser
 # download is not reachable offline); tcmalloc is the allocator swiftlite preloads when present
-# (lower peak memory, see swiftlite/allocator.py), and its tests need it.
+# (lower peak memory, see swiftlite/runtime/allocator.py), and its tests need it.
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-.venv/bin/python -c "import sys; from swiftlite.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)" \
+.venv/bin/python -c "import sys; from swiftlite.runtime.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)" \
   || missing+=(libtcmalloc-minimal4)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

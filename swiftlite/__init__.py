@@ -11,8 +11,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "sft": ("swiftlite.pipelines.sft", "sft"),
-    "SftArguments": ("swiftlite.arguments", "SftArguments"),
-    "get_template": ("swiftlite.template", "get_template"),
+    "SftArguments": ("swiftlite.config.arguments", "SftArguments"),
+    "get_template": ("swiftlite.data.template", "get_template"),
     "merge_lora": ("swiftlite.pipelines.merge", "merge_lora"),
     "infer": ("swiftlite.pipelines.infer", "infer"),
     "SwiftliteError": ("swiftlite.errors", "SwiftliteError"),

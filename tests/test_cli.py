@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from swiftlite.arguments import SftArguments
-from swiftlite.parsing import build, load_config_file
-from swiftlite.cli import parse_argv
+from swiftlite.config.arguments import SftArguments
+from swiftlite.config.parsing import build, load_config_file
+from swiftlite.config.argv import parse_argv
 from swiftlite.errors import UsageError
 
 from conftest import REPO, run_cli
@@ -128,8 +128,8 @@ def test_training_arguments_transformers_rejects_are_usage_errors(tmp_path):
                  ).validate().training_args["eval_strategy"] == "no"
     # A DeepSpeed config with its own optimizer (the offload presets) leaves --optim unused.
     import types
-    from swiftlite.deepspeed import load_config
-    from swiftlite.trainer import _check_optimizer
+    from swiftlite.training.deepspeed import load_config
+    from swiftlite.training.trainer import _check_optimizer
     offload = load_config("zero3_offload")
     assert "optimizer" in offload
     _check_optimizer(types.SimpleNamespace(deepspeed=offload, optim="adamw_bnb_8bit"), None)
@@ -158,8 +158,8 @@ def test_target_modules_typo_is_reported_before_the_weights_load(tmp_path):
     assert "v_proj" in r.stderr and "Loading weights" not in r.stderr
     assert not (tmp_path / "out").exists()
     # A single string is a regex to peft (Python API): not checked by name, left to peft.
-    from swiftlite.memory import meta_model, read_config
-    from swiftlite.tuners import check_target_modules
+    from swiftlite.models.meta import meta_model, read_config
+    from swiftlite.models.targets import check_target_modules
     model = meta_model(*read_config("tiny-qwen2"))[1]
     check_target_modules(model, r".*\.(q|v)_proj")
     check_target_modules(model, ["self_attn.q_proj", "embed_tokens", "lm_head"])

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from swiftlite.datasets import load_conversations, parse_spec
-from swiftlite.datasets.preprocess import encode_dataset
+from swiftlite.data import load_conversations, parse_spec
+from swiftlite.data.encode import encode_dataset
 from swiftlite.errors import UsageError
-from swiftlite.template import get_template
+from swiftlite.data.template import get_template
 
 from conftest import write_jsonl
 

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO, run_cli
 
-from swiftlite import deepspeed as ds
+from swiftlite.training import deepspeed as ds
 from swiftlite.errors import UsageError
 
 BIN = os.path.dirname(sys.executable)
@@ -103,8 +103,8 @@ def test_deepspeed_auto_takes_the_estimate_recommendation(device, model, train_t
     per run (setup resolves --deepspeed twice), in terms of the device: a CPU process's share
     of host memory is not a GPU."""
     import psutil
-    from swiftlite.arguments import SftArguments
-    from swiftlite.hardware import Hardware
+    from swiftlite.config.arguments import SftArguments
+    from swiftlite.runtime.hardware import Hardware
     from swiftlite.pipelines.estimate import recommend
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
@@ -184,8 +184,8 @@ def assert_same_losses(got, want, tol=TOL):
 def single(tiny_qwen2, tmp_path_factory):
     """The reference: one process, no DeepSpeed, batch 4 (in this process: no start-up cost)."""
     import swiftlite
-    from swiftlite.arguments import SftArguments
-    from swiftlite.cli import parse_argv
+    from swiftlite.config.arguments import SftArguments
+    from swiftlite.config.argv import parse_argv
     out = tmp_path_factory.mktemp("single")
     args = parse_argv(SftArguments, TRAIN + ["--per_device_train_batch_size", "4",
                                                  "--save_steps", "100", "--output_dir", str(out)],
@@ -350,8 +350,8 @@ def test_python_api_runs_in_one_process_each_get_their_own_backend(tmp_path):
     script = f"""
 import glob, json, os, sys
 import swiftlite
-from swiftlite.arguments import SftArguments
-from swiftlite.cli import parse_argv
+from swiftlite.config.arguments import SftArguments
+from swiftlite.config.argv import parse_argv
 before = dict(os.environ)
 for deepspeed in ("zero2", "", "zero3"):
     out = os.path.join({str(tmp_path)!r}, deepspeed or "plain")

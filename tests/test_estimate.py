@@ -11,7 +11,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from swiftlite import memory
+from swiftlite.estimate import memory
+from swiftlite.config import sizes
+from swiftlite.models import meta
 from swiftlite.errors import UsageError
 from swiftlite.models.registry import MODELS
 
@@ -20,7 +22,7 @@ from conftest import run_cli
 
 @pytest.fixture(scope="module")
 def qwen15():
-    name, config = memory.read_config("Qwen2-1.5B-Instruct")
+    name, config = meta.read_config("Qwen2-1.5B-Instruct")
     return memory.model_spec(name, config, "full")
 
 
@@ -31,7 +33,7 @@ def test_counts_equal_the_real_model_and_peft(tiny_qwen2):
     from deepspeed.runtime.zero.stage3 import model_to_params
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
-    name, config = memory.read_config(tiny_qwen2)
+    name, config = meta.read_config(tiny_qwen2)
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
     full = memory.model_spec(name, config, "full")
     assert (full.total_params, full.largest_layer_params) == model_to_params(model)
@@ -55,7 +57,7 @@ def test_counts_equal_the_real_model_and_peft(tiny_qwen2):
 
 @pytest.mark.parametrize("alias", [a for a, m in MODELS.items() if m.hub_id])
 def test_shipped_configs_match_the_size_in_the_name(alias):
-    name, config = memory.read_config(alias)
+    name, config = meta.read_config(alias)
     spec = memory.model_spec(name, config, "lora")
     size = float(re.search(r"-([\d.]+)B", alias).group(1)) * 1e9
     assert abs(spec.total_params - size) / size < 0.1, (alias, spec.total_params)
@@ -121,7 +123,7 @@ def test_model_states_equal_deepspeed_estimators(qwen15, gpus, nodes):
 
 
 def test_lora_needs_less_and_more_gpus_need_less_per_gpu(qwen15):
-    name, config = memory.read_config("Qwen2-1.5B-Instruct")
+    name, config = meta.read_config("Qwen2-1.5B-Instruct")
     lora = memory.model_spec(name, config, "lora")
     by = {r.stage: r for r in memory.estimate(qwen15, train_type="full")}
     lo = {r.stage: r for r in memory.estimate(lora, train_type="lora")}
@@ -139,7 +141,7 @@ def test_lora_needs_less_and_more_gpus_need_less_per_gpu(qwen15):
 
 def test_recommendation_is_the_first_configuration_that_fits(qwen15):
     rows = memory.estimate(qwen15, train_type="full", gpus_per_node=2)
-    gpu_memory = memory.parse_memory("24GB", "gpu_memory")
+    gpu_memory = sizes.parse_memory("24GB", "gpu_memory")
     choice = memory.recommend(rows, gpu_memory, gpus=2)
     usable = gpu_memory * memory.USABLE_FRACTION
     order = [(r, ckpt) for r in rows for ckpt in (False, True)]
@@ -149,19 +151,19 @@ def test_recommendation_is_the_first_configuration_that_fits(qwen15):
     assert choice.fits and choice.gpu_bytes <= usable
     for r, ckpt in order[:idx]:
         assert (r.gpu_total if ckpt else r.gpu_total_no_ckpt) > usable
-    tight = memory.recommend(rows, memory.parse_memory("1GB", "m"), gpus=2)
+    tight = memory.recommend(rows, sizes.parse_memory("1GB", "m"), gpus=2)
     assert not tight.fits and "Lower --max_length" in tight.reason
     # CPU memory too small for offloading: offload rows are skipped
-    offload = memory.recommend(rows, memory.parse_memory("8GB", "m"), gpus=2)
+    offload = memory.recommend(rows, sizes.parse_memory("8GB", "m"), gpus=2)
     assert offload.fits and offload.deepspeed.endswith("_offload")
     small_cpu = max(r.cpu_total for r in rows if not r.stage.endswith("_offload"))
-    no_cpu = memory.recommend(rows, memory.parse_memory("8GB", "m"), cpu_memory=small_cpu,
+    no_cpu = memory.recommend(rows, sizes.parse_memory("8GB", "m"), cpu_memory=small_cpu,
                               gpus=2)
     assert not no_cpu.deepspeed or not no_cpu.deepspeed.endswith("_offload")
 
 
 def test_loss_chunk_matches_the_loss_module():
-    from swiftlite import loss
+    from swiftlite.training.speedups import chunked_loss as loss
     assert memory.LOSS_CHUNK == loss.CHUNK
 
 
@@ -218,7 +220,7 @@ def test_selective_checkpointing_adds_the_frozen_matmul_outputs(tiny_qwen2):
     the activation dtype on top of plain checkpointing; full fine-tuning has no frozen matmuls.
     On SmolLM2-135M in fp32 that is 0.59 MB per token; CPU fused LoRA layers, which keep all
     but the last, measured 0.48 MB (docs/performance.md)."""
-    name, config = memory.read_config(tiny_qwen2)
+    name, config = meta.read_config(tiny_qwen2)
     tokens = 1024
     for train_type, dtype in (("lora", "bfloat16"), ("lora", "float32"), ("full", "bfloat16")):
         spec = memory.model_spec(name, config, train_type)
@@ -232,6 +234,6 @@ def test_selective_checkpointing_adds_the_frozen_matmul_outputs(tiny_qwen2):
         base = memory.estimate(spec, dtype=dtype, train_type=train_type, max_length=tokens)
         assert [r.gpu_total - b.gpu_total for r, b in zip(rows, base)] == [kept] * len(rows)
         assert [r.gpu_total_no_ckpt for r in rows] == [b.gpu_total_no_ckpt for b in base]
-    smol = memory.model_spec(*memory.read_config("SmolLM2-135M-Instruct"), "lora")
+    smol = memory.model_spec(*meta.read_config("SmolLM2-135M-Instruct"), "lora")
     per_token = smol.num_layers * 4 * smol.linear_outputs_per_layer
     assert round(per_token / 2**20, 2) == 0.59

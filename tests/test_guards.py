@@ -13,9 +13,9 @@ import textwrap
 
 import pytest
 
-from swiftlite.arguments import SftArguments
-from swiftlite.hardware import Hardware
-from swiftlite.oom import advice, is_oom, ladder, zero_setup
+from swiftlite.config.arguments import SftArguments
+from swiftlite.runtime.hardware import Hardware
+from swiftlite.training.oom import advice, is_oom, ladder, zero_setup
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -12,9 +12,9 @@ import types
 
 import pytest
 
-from swiftlite import hardware
+from swiftlite.runtime import hardware
 from swiftlite.errors import UsageError
-from swiftlite.hardware import Hardware
+from swiftlite.runtime.hardware import Hardware
 
 # (name, compute capability) of real GPUs; Ampere (8.x) and newer have bf16 units.
 GPUS = [("Tesla V100-SXM2-32GB", (7, 0), "float16"), ("Tesla T4", (7, 5), "float16"),

@@ -58,7 +58,7 @@ def test_stream_stops_when_closed(engine):
 
 
 def test_stop_words_cut_streamed_text():
-    from swiftlite.generate import _StopText
+    from swiftlite.inference.engine import _StopText
     cut = _StopText(["### Query:"])
     out = []
     for piece in ["Hello", " wor", "ld\n##", "# Que", "ry: next"]:
@@ -207,7 +207,7 @@ def test_bad_input_gets_clear_messages(tmp_path, capsys, tiny_run):
 
 
 # The README's self-cognition demo: the smallest run after which SmolLM2 answers with its new
-# name (measured: see the issue 3 report). Keep in step with the README.
+# name (measured: docs/performance.md). Keep in step with the README.
 SELF_COGNITION_RECIPE = [
     "--model", "SmolLM2-135M-Instruct", "--dataset", "self-cognition#32",
     "--model_name", "Swifty", "--model_author", "Acme",

@@ -30,16 +30,17 @@ def test_wheel_installs_into_a_fresh_venv_with_its_data(tmp_path):
         f.write(sysconfig.get_paths()["purelib"] + "\n")
     code = (
         "import swiftlite, os\n"
-        "from swiftlite.template import template_names\n"
-        "from swiftlite.datasets import load_conversations\n"
+        "from swiftlite.data.template import template_names\n"
+        "from swiftlite.data import load_conversations\n"
         "assert 'site-packages' in swiftlite.__file__ and os.path.dirname(swiftlite.__file__) != "
         f"{os.path.join(REPO, 'swiftlite')!r}, swiftlite.__file__\n"
         "assert {'qwen', 'chatml', 'smollm', 'llama3', 'default'} <= set(template_names())\n"
         "convs, _ = load_conversations(['self-cognition#5'], model_name=['X'], model_author=['Y'])\n"
         "assert len(convs) == 5\n"
         "import importlib.resources as r\n"
-        "assert (r.files('swiftlite.deepspeed_configs') / 'zero2.json').is_file()\n"
-        "import webui\n"
+        "assert (r.files('swiftlite.training.deepspeed_configs') / 'zero2.json').is_file()\n"
+        "import swiftlite.webui.app, importlib.util\n"
+        "assert importlib.util.find_spec('webui') is None  # no generic top-level package\n"
         "print('ok')\n")
     r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, run_cli
 
 from swiftlite.errors import UsageError
-from swiftlite.launch import torchrun_command, user_command
+from swiftlite.training.launch import torchrun_command, user_command
 
 ARGV = ["sft", "--model", "tiny-qwen2"]
 

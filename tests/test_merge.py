@@ -79,7 +79,7 @@ def test_merged_model_in_plain_transformers_equals_swiftlite_on_adapter(merged):
                         json.dumps(conversations)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     plain = [json.loads(line) for line in r.stdout.strip().splitlines()]
-    from swiftlite.generate import InferEngine
+    from swiftlite.inference.engine import InferEngine
     engine = InferEngine.load(ckpt, torch_dtype="float32")  # the dtype the merged model has
     assert engine.ckpt.kind == "adapter"
     for messages, got in zip(conversations, plain, strict=True):

@@ -57,14 +57,14 @@ def test_checkpointing_keeps_base_bit_identical_and_trains_adapters(tiny_qwen2, 
                                                                     tmp_path):
     """The sft parts (tuners + trainer) under gradient checkpointing: LoRA weights move, every
     base weight stays bit-identical."""
-    from swiftlite.arguments import SftArguments
-    from swiftlite.datasets import load_conversations
-    from swiftlite.datasets.preprocess import encode_dataset
-    from swiftlite.hardware import detect
+    from swiftlite.config.arguments import SftArguments
+    from swiftlite.data import load_conversations
+    from swiftlite.data.encode import encode_dataset
+    from swiftlite.runtime.hardware import detect
     from swiftlite.models.loader import load_model, load_tokenizer
-    from swiftlite.template import get_template
-    from swiftlite.trainer import build_trainer
-    from swiftlite.tuners import prepare_model
+    from swiftlite.data.template import get_template
+    from swiftlite.training.trainer import build_trainer
+    from swiftlite.training.tuners import prepare_model
 
     args = SftArguments(model=tiny_qwen2, dataset=[chat_jsonl], max_steps=3,
                         per_device_train_batch_size=2, gradient_accumulation_steps=1,

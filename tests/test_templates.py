@@ -5,7 +5,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from swiftlite.errors import UsageError
-from swiftlite.template import IGNORE_INDEX, get_template, template_names
+from swiftlite.config.constants import IGNORE_INDEX
+from swiftlite.data.template import get_template, template_names
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi, how can I help?"}],

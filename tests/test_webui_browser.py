@@ -60,7 +60,7 @@ def start_app(tmp, *extra, env=None):
 
 
 def stop_app(proc, root):
-    from webui.runs import find_runs, read_state
+    from swiftlite.webui.runs import find_runs, read_state
     for run in find_runs(root):  # never leave a training child behind, even on failure
         state = read_state(run)
         if state.get("status") == "running" and state.get("pgid"):
@@ -150,7 +150,7 @@ def click_and_wait(page, button, target, pattern, timeout_s=60):
 
 
 def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
-    from webui.runs import find_runs, read_state
+    from swiftlite.webui.runs import find_runs, read_state
     proc, url, root, log = start_app(tmp_path)
     external, page = [], None
     try:

@@ -13,11 +13,11 @@ import time
 
 import pytest
 
-from swiftlite.arguments import SftArguments
-from swiftlite.cli import parse_argv
+from swiftlite.config.arguments import SftArguments
+from swiftlite.config.argv import parse_argv
 from swiftlite.errors import UsageError
-from webui import form
-from webui.runs import RunManager, describe, find_runs, status, write_state
+from swiftlite.webui import form
+from swiftlite.webui.runs import RunManager, describe, find_runs, status, write_state
 
 from conftest import CHAT_ROWS, write_jsonl
 
@@ -189,7 +189,7 @@ def test_failed_run_is_marked_failed_with_its_log(tmp_path):
 
 
 def test_web_ui_flags_and_safe_defaults(monkeypatch):
-    from webui.app import AUTH_ENV, WebUIArguments
+    from swiftlite.webui.app import AUTH_ENV, WebUIArguments
     monkeypatch.delenv(AUTH_ENV, raising=False)
     args = parse_argv(WebUIArguments, [], "swiftlite web-ui", "")
     assert (args.host, args.port, args.share, args.credentials()) == ("127.0.0.1", 7860, False,
@@ -222,7 +222,7 @@ def test_web_ui_on_a_taken_port_says_so_in_one_line(tmp_path):
 
 
 def test_uploads_are_kept_inside_the_output_root(tmp_path):
-    from webui.train_tab import keep_upload
+    from swiftlite.webui.train_tab import keep_upload
     root = tmp_path / "out"
     a = write_jsonl(tmp_path / "data.jsonl", CHAT_ROWS[:1])
     first = keep_upload(a, str(root))
@@ -241,7 +241,7 @@ def test_run_list_tolerates_a_run_name_it_no_longer_lists(tmp_path):
     (CI once failed the browser test with "Value: ... is not in the list of choices"), so the
     run list must accept such a name, and refresh must fall back to the newest run and say so."""
     import gradio as gr
-    from webui import train_tab
+    from swiftlite.webui import train_tab
     root = tmp_path / "out"
     for age, name in ((100, "v0-20260101-000000"), (0, "v1-20260101-000001")):
         (root / "m" / name).mkdir(parents=True)

@@ -31,7 +31,7 @@ class CaptureGathered(TrainerCallback):
 
 def main():
     out_dir, argv = sys.argv[1], sys.argv[2:]
-    import swiftlite.trainer as trainer_module
+    import swiftlite.training.trainer as trainer_module
     build = trainer_module.build_trainer
 
     def build_and_capture(model, *a, **kw):
@@ -52,8 +52,8 @@ def main():
     trainer_module.build_trainer = build_and_capture
     # Through the Python API (not the CLI), so that its run-folder agreement is tested too.
     import swiftlite
-    from swiftlite.arguments import SftArguments
-    from swiftlite.cli import parse_argv
+    from swiftlite.config.arguments import SftArguments
+    from swiftlite.config.argv import parse_argv
     assert argv[0] == "sft"
     swiftlite.sft(parse_argv(SftArguments, argv[1:], "swiftlite sft", ""))
 

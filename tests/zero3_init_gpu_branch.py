@@ -12,11 +12,11 @@ import json
 import os
 import sys
 
-from swiftlite.arguments import SftArguments
+from swiftlite.config.arguments import SftArguments
 from swiftlite.models import resolve_model
 from swiftlite.models.loader import load_model
-from swiftlite.hardware import Hardware
-from swiftlite.deepspeed import zero3_init
+from swiftlite.runtime.hardware import Hardware
+from swiftlite.training.deepspeed import zero3_init
 
 out_dir = sys.argv[1]
 gpu = Hardware("cuda", "simulated GPU", capability=(8, 0), count=2, memory_bytes=24 << 30)

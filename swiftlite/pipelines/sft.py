@@ -11,19 +11,18 @@ import sys
 import time
 from dataclasses import dataclass
 
-from .. import hardware
-from ..arguments import SftArguments
-from ..parsing import build, to_dict
-from ..datasets import load_conversations
-from ..datasets.preprocess import describe, encode_dataset, show_sample, \
-    warn_if_end_of_turn_untrained
-from ..errors import UsageError
-from ..log import info, is_main_process, warn
-from ..models import resolve_model
-from ..models.registry import check_model_name
-from ..models.loader import load_model, load_tokenizer
-from ..template import get_template
-from ..output import create_run_dir, last_checkpoint
+from swiftlite.runtime import hardware
+from swiftlite.config.arguments import SftArguments
+from swiftlite.config.parsing import build, to_dict
+from swiftlite.data import load_conversations
+from swiftlite.data.encode import describe, encode_dataset, show_sample, warn_if_end_of_turn_untrained
+from swiftlite.errors import UsageError
+from swiftlite.log import info, is_main_process, warn
+from swiftlite.models import resolve_model
+from swiftlite.models.registry import check_model_name
+from swiftlite.models.loader import load_model, load_tokenizer
+from swiftlite.data.template import get_template
+from swiftlite.runtime.output import create_run_dir, last_checkpoint
 
 
 @dataclass
@@ -31,6 +30,20 @@ class SftResult:
     output_dir: str  # the run folder: <output_dir>/v<N>-<timestamp>
     last_checkpoint: str | None
     metrics: dict
+
+
+def main(argv: list[str]) -> None:
+    """`swiftlite sft [CONFIG] --flag value ...`: relaunched under torchrun when asked."""
+    from swiftlite.config.argv import parse_argv
+    from swiftlite.training.deepspeed import presets_help  # light: the preset file names only
+    args = parse_argv(SftArguments, argv, "swiftlite sft", "LoRA supervised fine-tuning.",
+                      epilog="Every other transformers TrainingArguments field is accepted as "
+                             "--name value (e.g. --report_to none --eval_strategy no). "
+                             "--deepspeed presets: " + presets_help())
+    args.validate()
+    from swiftlite.training.launch import maybe_relaunch
+    maybe_relaunch(args)
+    sft(args)
 
 
 def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
@@ -42,14 +55,14 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     args.validate()
     check_model_name(args.model)  # a typo is reported before the data is read
     vars(args).pop("_deepspeed_auto", None)  # --deepspeed auto is decided anew for each run
-    from ..distributed import run_scope
+    from swiftlite.runtime.distributed import run_scope
     with run_scope():
         return _run(args)
 
 
 def _run(args: SftArguments) -> SftResult:
     t_start = time.time()
-    from ..allocator import describe as allocator_line
+    from swiftlite.runtime.allocator import describe as allocator_line
     info(allocator_line())
     hw = hardware.detect()
     dtype = hardware.training_dtype(args.torch_dtype, hw, args.train_type, args.deepspeed)
@@ -113,16 +126,16 @@ def _run(args: SftArguments) -> SftResult:
 
     # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
     # renders prompts exactly as trained, with or without swiftlite.
-    from ..tuners import check_target_modules_before_loading
+    from swiftlite.models.targets import check_target_modules_before_loading
     if args.train_type == "lora":
         check_target_modules_before_loading(model_dir, args.target_modules,
                                             args.trust_remote_code)
-    from ..deepspeed import zero3_init
+    from swiftlite.training.deepspeed import zero3_init
     zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
     model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
                        trust_remote_code=args.trust_remote_code,
                        attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype))
-    from ..tuners import prepare_model
+    from swiftlite.training.tuners import prepare_model
     from transformers import set_seed
     set_seed(args.seed)  # same LoRA init in every run and on every rank (loss parity, resume)
     model = prepare_model(model, args, hw.device)
@@ -130,8 +143,9 @@ def _run(args: SftArguments) -> SftResult:
 
     # 6. The Trainer, then the run folder with every resolved argument. The folder is made
     # only once everything is set up, so a mistake found earlier leaves no half-made run.
-    from ..trainer import build_trainer, plot_losses
-    from ..launch import agree_run_dir
+    from swiftlite.training.plots import plot_losses
+    from swiftlite.training.trainer import build_trainer
+    from swiftlite.training.launch import agree_run_dir
     run_dir = agree_run_dir(args)  # the same on every rank (rank 0 picks it)
     trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
     create_run_dir(run_dir)
@@ -148,7 +162,7 @@ def _run(args: SftArguments) -> SftResult:
 
     # 7. Train.
     info(f"ready to train after {time.time() - t_start:.1f} s")
-    from ..oom import oom_guard
+    from swiftlite.training.oom import oom_guard
     with oom_guard(args, hw):  # an OOM is answered with the next step of the tuning ladder
         result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     metrics = dict(result.metrics)

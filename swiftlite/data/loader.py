@@ -1,0 +1,189 @@
+"""Read `--dataset` specs into validated conversations.
+
+A spec is a local file (.jsonl, .json, .csv, .parquet) or a built-in name, optionally with
+`#N` to sample N rows (seeded; N larger than the data repeats it). Every row is checked before
+any model is loaded: a bad row stops the run with its file, line and reason, unless
+skip_bad_rows is set, in which case bad rows are counted per reason and reported.
+"""
+from __future__ import annotations
+
+import csv
+import importlib.resources
+import json
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from swiftlite.errors import UsageError
+from swiftlite.log import info, warn
+from swiftlite.data.formats import BadRow, detect_format, to_messages
+
+BUILTIN = {"self-cognition": "self_cognition.jsonl"}
+MAX_ERRORS_SHOWN = 5
+_KEYS = {"messages": {"messages"}, "sharegpt": {"conversations"},
+         "alpaca": {"instruction", "output"}, "query-response": {"query", "response"}}
+
+
+@dataclass
+class LoadReport:
+    rows: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason -> count
+
+    def summary(self) -> str:
+        """e.g. "6 rows read -> 9 samples (#N sampling)", "10 rows read, 2 skipped (...) -> 8
+        samples": #N can repeat or leave out rows, so samples are not "kept rows"."""
+        bad = sum(self.skipped.values())
+        s = f"{self.rows} rows read"
+        if bad:
+            s += f", {bad} skipped (" + ", ".join(
+                f"{n} {k}" for k, n in self.skipped.most_common()) + ")"
+        s += f" -> {self.kept} samples"
+        if self.kept != self.rows - bad:
+            s += " (#N sampling)"
+        return s
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """'data.jsonl#500' -> ('data.jsonl', 500)."""
+    path, sep, n = spec.rpartition("#")
+    if not sep:
+        return spec, None
+    if not n.isdigit() or int(n) <= 0:
+        raise UsageError(f"--dataset {spec}: after '#' comes a positive number of rows to "
+                         f"sample, e.g. {path}#500.")
+    return path, int(n)
+
+
+def read_rows(path: str) -> list[tuple[str, object]]:
+    """[(where, row)] for a file; `where` is 'file:line' (jsonl) or 'file row N'."""
+    if not os.path.exists(path):
+        raise UsageError(f"--dataset {path}: no such file, and not a built-in dataset "
+                         f"({', '.join(BUILTIN)}).")
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".jsonl":
+        out = []
+        with open(path, encoding="utf-8") as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append((f"{path}:{i}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    out.append((f"{path}:{i}", BadRow(f"invalid JSON ({e.msg} at column {e.colno})",
+                                                      "invalid JSON")))
+        return out
+    if ext == ".json":
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}:{e.lineno}: invalid JSON ({e.msg}). A .json dataset is one "
+                             "JSON list of rows; use .jsonl for one row per line.") from None
+        if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
+            data = next(iter(data.values()))  # {"train": [...]}
+        if not isinstance(data, list):
+            raise UsageError(f"{path}: a .json dataset must be a list of rows.")
+        return [(f"{path} row {i}", r) for i, r in enumerate(data, 1)]
+    if ext == ".csv":
+        with open(path, encoding="utf-8", newline="") as f:
+            # Line numbers count the header as line 1.
+            return [(f"{path}:{i}", dict(r)) for i, r in enumerate(csv.DictReader(f), 2)]
+    if ext == ".parquet":
+        import pyarrow.parquet as pq
+        return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist(), 1)]
+    raise UsageError(f"--dataset {path}: unsupported file type {ext or '(none)'}; use .jsonl, "
+                     ".json, .csv or .parquet.")
+
+
+def _builtin_rows(name: str, model_name: list[str], model_author: list[str]):
+    res = importlib.resources.files("swiftlite.data") / BUILTIN[name]
+    # {{NAME}}/{{AUTHOR}} take the first value in English rows and the second (if given) in
+    # Chinese rows, like ms-swift's --model_name 小黄 'Xiao Huang'.
+    name_en, name_zh = _pair(model_name, "swiftlite-assistant")
+    author_en, author_zh = _pair(model_author, "the swiftlite team")
+    rows = []
+    for i, line in enumerate(res.read_text(encoding="utf-8").splitlines(), 1):
+        row = json.loads(line)
+        zh = row.pop("tag", "en") == "zh"
+        for k in ("query", "response"):
+            row[k] = (row[k].replace("{{NAME}}", name_zh if zh else name_en)
+                      .replace("{{AUTHOR}}", author_zh if zh else author_en))
+        rows.append((f"{name}:{i}", row))
+    return rows
+
+
+def _pair(values, default: str) -> tuple[str, str]:
+    if not values:
+        return default, default
+    if isinstance(values, str):
+        values = [values]
+    return values[0], values[1] if len(values) > 1 else values[0]
+
+
+def _sample(rows: list, n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    out = []
+    while len(out) + len(rows) <= n:  # whole copies first, then a seeded subset
+        out += rows
+    return out + rng.sample(rows, n - len(out))
+
+
+def load_conversations(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = False,
+                       model_name=None, model_author=None, require_reply: bool = True
+                       ) -> tuple[list[list[dict]], LoadReport]:
+    """Validated conversations from all specs, in order; raises UsageError on bad rows."""
+    report, convs, errors = LoadReport(), [], []
+    for spec in specs:
+        path, n = parse_spec(spec)
+        raw = (_builtin_rows(path, model_name, model_author) if path in BUILTIN
+               and not os.path.exists(path) else read_rows(path))
+        fmt = next((detect_format(r) for _, r in raw if not isinstance(r, BadRow)
+                    and detect_format(r)), None)
+        first = next((r for _, r in raw if not isinstance(r, BadRow)), None)
+        if fmt is None and first is not None and not skip_bad_rows:
+            keys = sorted(first) if isinstance(first, dict) else type(first).__name__
+            raise UsageError(f"{raw[0][0]}: unknown dataset format (columns {keys}). Expected "
+                             "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + "
+                             "'output' (Alpaca) or 'query' + 'response'.")
+        good = []
+        for where, row in raw:
+            report.rows += 1
+            try:
+                if isinstance(row, BadRow):
+                    raise row
+                own = detect_format(row)
+                if fmt is None:
+                    raise BadRow("unknown format", "unknown format")
+                if own is None and isinstance(row, dict) and not set(row) & _KEYS[fmt]:
+                    raise BadRow(f"unknown format: columns {sorted(row)}, but the file's rows "
+                                 f"are {fmt} ({' + '.join(sorted(_KEYS[fmt]))})", "unknown format")
+                if own is not None and own != fmt:
+                    raise BadRow(f"row is in the {own} format, the file's first rows are {fmt}",
+                                 "mixed formats")
+                good.append(to_messages(row, fmt, require_reply=require_reply))
+            except BadRow as e:
+                report.skipped[e.kind] += 1
+                errors.append(f"{where}: {e}")
+        if n is not None:
+            if not good:
+                continue
+            if n > len(good):
+                info(f"{spec}: {len(good)} rows, sampling {n} repeats them.")
+            good = _sample(good, n, seed)
+        convs += good
+    if errors and not skip_bad_rows:
+        more = f"\n  ... and {len(errors) - MAX_ERRORS_SHOWN} more" if len(
+            errors) > MAX_ERRORS_SHOWN else ""
+        raise UsageError(f"{len(errors)} bad row(s) in the dataset:\n  " +
+                         "\n  ".join(errors[:MAX_ERRORS_SHOWN]) + more +
+                         "\nFix them, or pass --skip_bad_rows true to leave them out "
+                         "(skipped rows are counted).")
+    if errors:
+        warn(f"skipped {len(errors)} bad row(s): " + ", ".join(
+            f"{n} {k}" for k, n in report.skipped.most_common()) + f" (first: {errors[0]})")
+    report.kept = len(convs)
+    if not convs:
+        raise UsageError(f"the dataset {' '.join(specs)} has no usable rows ({report.summary()}).")
+    return convs, report

@@ -1,6 +1,0 @@
-"""Datasets: read files and built-ins, detect and normalise formats, encode and cache."""
-from .formats import FORMATS, detect_format, to_messages
-from .loader import BUILTIN, LoadReport, load_conversations, parse_spec
-
-__all__ = ["BUILTIN", "FORMATS", "LoadReport", "detect_format", "load_conversations",
-           "parse_spec", "to_messages"]

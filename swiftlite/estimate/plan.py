@@ -1,0 +1,74 @@
+"""The estimate for one setup (every stage, and the fastest that fits), from
+EstimateArguments; and those arguments derived from a training run's SftArguments, so that
+sft's `--deepspeed auto` estimates exactly the run it is about to start."""
+from __future__ import annotations
+
+import dataclasses
+
+from swiftlite.config.arguments import EstimateArguments
+from swiftlite.config.sizes import parse_memory
+from swiftlite.estimate.memory import USABLE_FRACTION, Choice, estimate, model_spec
+from swiftlite.models.meta import read_config
+
+# EstimateArguments fields that are no setting of the training run.
+_HARDWARE = ("gpus", "nodes", "gpu_memory", "cpu_memory")
+_OUTPUT = ("json",)
+
+
+def run(args: EstimateArguments) -> dict:
+    """The estimate as a dict (what `swiftlite estimate --json` prints)."""
+    args.validate()
+    name, config = read_config(args.model)
+    spec = model_spec(name, config, args.train_type, args.lora_rank, args.target_modules)
+    rows = estimate(spec, gpus_per_node=args.gpus, nodes=args.nodes, dtype=args.torch_dtype,
+                    train_type=args.train_type, max_length=args.max_length,
+                    batch_size=args.batch_size, lora_dropout=args.lora_dropout,
+                    chunked_loss=args.chunked_loss,
+                    selective_checkpointing=args.selective_checkpointing)
+    gpu_memory = parse_memory(args.gpu_memory, "gpu_memory")
+    cpu_memory = parse_memory(args.cpu_memory, "cpu_memory") if args.cpu_memory else None
+    from swiftlite.estimate.memory import recommend as fastest_that_fits
+    choice = fastest_that_fits(rows, gpu_memory, cpu_memory, args.gpus * args.nodes)
+    setup = {k: v for k, v in dataclasses.asdict(args).items()
+             if k not in ("model", "gpus", *_OUTPUT)}
+    setup.update(gpus_per_node=args.gpus, gpu_memory=gpu_memory, cpu_memory=cpu_memory,
+                 usable_fraction=USABLE_FRACTION)
+    return {"model": name, "total_params": spec.total_params,
+            "trainable_params": spec.trainable_params,
+            "largest_layer_params": spec.largest_layer_params, "setup": setup,
+            "rows": [{"stage": r.stage, "gpu": r.gpu, "cpu": r.cpu,
+                      "gpu_total": r.gpu_total, "gpu_total_no_ckpt": r.gpu_total_no_ckpt,
+                      "cpu_total": r.cpu_total} for r in rows],
+            "recommendation": choice.to_dict()}
+
+
+def recommend(model_or_args, **fields) -> Choice:
+    """The fastest configuration that fits, for code: `recommend(EstimateArguments(...))` or
+    `recommend("Qwen2-7B", gpus=2, gpu_memory=24 * 2**30, ...)` with EstimateArguments fields
+    (gpu_memory/cpu_memory as bytes or text such as "24GB"). Choice.deepspeed is a preset
+    name or None (no DeepSpeed needed), Choice.gradient_checkpointing whether it must stay
+    on, Choice.fits False when nothing fits (Choice.reason says what to change)."""
+    if isinstance(model_or_args, EstimateArguments):
+        args = dataclasses.replace(model_or_args, **fields)
+    else:
+        args = EstimateArguments(model=model_or_args, **fields)
+    args.gpu_memory, args.cpu_memory = _text(args.gpu_memory), _text(args.cpu_memory)
+    if not isinstance(args.target_modules, str):
+        args.target_modules = list(args.target_modules)
+    return Choice(**run(args)["recommendation"])
+
+
+def for_training(sft_args, *, torch_dtype: str, **hardware) -> EstimateArguments:
+    """EstimateArguments for the run these SftArguments describe: every field the two share
+    by name is taken from the run (a field added to both is carried without a change here),
+    the micro-batch from --per_device_train_batch_size, the dtype as resolved for the
+    hardware, and the hardware figures (gpus, nodes, gpu_memory, cpu_memory) as given."""
+    shared = {f.name for f in dataclasses.fields(EstimateArguments)} - set(_HARDWARE) \
+        - set(_OUTPUT) - {"torch_dtype", "batch_size"}
+    values = {name: getattr(sft_args, name) for name in shared}
+    return EstimateArguments(**values, torch_dtype=torch_dtype,
+                             batch_size=sft_args.per_device_train_batch_size, **hardware)
+
+
+def _text(v):
+    return v if v is None or isinstance(v, str) else f"{int(v)}B"

@@ -1,0 +1,270 @@
+"""The inference engine: a model (base + LoRA adapter, or a merged/plain model), its tokenizer
+and chat template, and generation that stops where the template ends a turn.
+
+Shared by `swiftlite infer` (one-shot, interactive, batch), the Python API and the Web-UI:
+
+    engine = InferEngine.load(ckpt_dir="output/.../checkpoint-50")   # or model="..."
+    for delta in engine.stream([{"role": "user", "content": "Hi"}], max_new_tokens=64): ...
+    engine.chat(messages) -> str;  engine.generate_batch([messages, ...]) -> [str, ...]
+
+Generation is transformers' `generate`; this module adds the template (prompt rendering, stop
+tokens and stop words), left-padded batching, streaming with a cancel switch (Ctrl-C stops one
+answer, not the session) and checks of the inputs.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+from swiftlite.errors import UsageError
+from swiftlite.log import info
+
+import dataclasses
+
+from swiftlite.config.arguments import GenerationArguments
+
+# The defaults of `swiftlite infer`'s generation flags, for every caller of the engine.
+GEN_DEFAULTS = dataclasses.asdict(GenerationArguments())
+
+
+class InferEngine:
+    def __init__(self, model, tokenizer, template, device: str, ckpt=None, dtype: str = "float32"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.template = template  # swiftlite.data.template.Template (.name, .render, ...)
+        self.device = device
+        self.ckpt = ckpt  # CheckpointInfo: where the model came from
+        self.dtype = dtype
+        self._eos = _eos_ids(model, template)
+        # Stop words that are not one special token need a string check while generating.
+        self._stop_strings = [w for w in template.stop_words
+                              if len(tokenizer(w, add_special_tokens=False)["input_ids"]) > 1]
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def load(cls, ckpt_dir: str | None = None, model: str | None = None, **overrides
+             ) -> "InferEngine":
+        """Base + adapter for a LoRA checkpoint, else the model folder itself.
+
+        overrides: template, system, torch_dtype, trust_remote_code, attn_impl, device.
+        """
+        from swiftlite.inference.checkpoints import _UNSET, describe
+        from swiftlite.runtime.hardware import detect, resolve_dtype
+        from swiftlite.models.loader import load_model, load_tokenizer
+        from swiftlite.data.template import get_template
+        unknown = set(overrides) - {"template", "system", "torch_dtype", "trust_remote_code",
+                                    "attn_impl", "device"}
+        if unknown:
+            raise UsageError(f"InferEngine.load: unknown argument(s) {', '.join(sorted(unknown))}.")
+        trust = bool(overrides.get("trust_remote_code"))
+        system = overrides.get("system", _UNSET)
+        ckpt = describe(ckpt_dir, model, template=overrides.get("template"), system=system,
+                        torch_dtype=overrides.get("torch_dtype"))
+        hw = detect()
+        device = overrides.get("device") or hw.device
+        dtype = ckpt.torch_dtype or resolve_dtype("auto", hw)
+        if device == "cpu" and dtype == "float16" and overrides.get("torch_dtype") != "float16":
+            dtype = "float32"  # trained on a T4-class GPU; fp16 matmuls are slow on CPUs
+        tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust)
+        template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+        what = f"{ckpt.base_dir} + adapter {ckpt.path}" if ckpt.kind == "adapter" else ckpt.path
+        info(f"loading {what} ({dtype}, {device}, template {template.name})")
+        net = load_model(ckpt.model_dir, dtype, trust_remote_code=trust,
+                         attn_impl=overrides.get("attn_impl"))
+        if ckpt.kind == "adapter":
+            from peft import PeftModel
+            net = PeftModel.from_pretrained(net, ckpt.path)
+        net.to(device).eval()
+        return cls(net, tokenizer, template, device, ckpt, dtype)
+
+    def unload(self) -> None:
+        """Free the model's memory (the engine is unusable afterwards)."""
+        import gc
+        self.model = None
+        gc.collect()
+        try:
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except Exception:
+            pass
+
+    @property
+    def default_system(self) -> str | None:
+        return self.template.default_system
+
+    # -- inputs ----------------------------------------------------------------------------
+    def encode(self, messages) -> list[int]:
+        """Prompt ids for a conversation ending with a user turn (a str is one user turn)."""
+        from swiftlite.data.formats import BadRow, check_messages
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        try:
+            msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
+            check_messages(msgs, require_reply=False)
+        except (BadRow, KeyError, TypeError) as e:
+            raise UsageError(f"cannot answer this conversation: {e}.") from None
+        if msgs[-1]["role"] != "user":
+            raise UsageError("cannot answer this conversation: it must end with a user turn.")
+        return self.template.encode_prompt(msgs)
+
+    def generation_config(self, **gen):
+        from transformers import GenerationConfig
+        unknown = set(gen) - set(GEN_DEFAULTS)
+        if unknown:
+            raise UsageError(f"unknown generation argument(s) {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(GEN_DEFAULTS)}.")
+        g = {**GEN_DEFAULTS, **{k: v for k, v in gen.items() if v is not None}}
+        sample = g["do_sample"] if g["do_sample"] is not None else g["temperature"] > 0
+        kw = dict(max_new_tokens=int(g["max_new_tokens"]), do_sample=bool(sample),
+                  repetition_penalty=float(g["repetition_penalty"]), eos_token_id=self._eos,
+                  pad_token_id=self.tokenizer.pad_token_id, use_cache=True)
+        if sample:  # greedy ignores these; passing them anyway only triggers warnings
+            kw.update(temperature=float(g["temperature"]) or 1.0, top_p=float(g["top_p"]),
+                      top_k=int(g["top_k"]))
+        if self._stop_strings:
+            kw["stop_strings"] = self._stop_strings
+        if g["seed"] is not None:
+            from transformers import set_seed
+            set_seed(int(g["seed"]))
+        return GenerationConfig(**kw)
+
+    # -- generation ------------------------------------------------------------------------
+    def stream(self, messages, **gen) -> Iterator[str]:
+        """Text deltas of the answer as they are generated. Closing the iterator (or Ctrl-C
+        while reading it) stops generation at the next token."""
+        import torch
+        from transformers import StoppingCriteriaList, TextIteratorStreamer
+        ids = self.encode(messages)
+        config = self.generation_config(**gen)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True,
+                                        skip_special_tokens=True)
+        cancel = _Cancel()
+        failure = []
+
+        def work():
+            try:
+                with torch.inference_mode():
+                    self.model.generate(
+                        input_ids=torch.tensor([ids], device=self.device),
+                        attention_mask=torch.ones(1, len(ids), dtype=torch.long,
+                                                  device=self.device),
+                        generation_config=config, streamer=streamer,
+                        stopping_criteria=StoppingCriteriaList([cancel]),
+                        tokenizer=self.tokenizer if self._stop_strings else None)
+            except BaseException as e:  # re-raised in the reading thread
+                failure.append(e)
+                streamer.end()
+
+        thread = threading.Thread(target=work, daemon=True, name="swiftlite-generate")
+        thread.start()
+        cut = _StopText(self.template.stop_words)
+        try:
+            for piece in streamer:
+                text, stopped = cut.feed(piece)
+                if text:
+                    yield text
+                if stopped:
+                    break
+            else:
+                rest = cut.flush()
+                if rest:
+                    yield rest
+        finally:
+            cancel.set()
+            thread.join()
+        if failure:
+            raise failure[0]
+
+    def chat(self, messages, **gen) -> str:
+        return self.generate_batch([messages], **gen)[0]
+
+    def generate_batch(self, conversations: list, max_batch_size: int = 8, progress: bool = False,
+                       **gen) -> list[str]:
+        """Answers for many conversations, generated max_batch_size at a time with left padding
+        (prompts sorted by length so batches pad little); same answers as one by one."""
+        import torch
+        from tqdm import tqdm
+        prompts = [self.encode(c) for c in conversations]
+        config = self.generation_config(**gen)
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        answers: list[str | None] = [None] * len(prompts)
+        pad = self.tokenizer.pad_token_id
+        bar = tqdm(total=len(prompts), desc="generating", unit="conv", disable=not progress)
+        for start in range(0, len(order), max_batch_size):
+            idx = order[start:start + max_batch_size]
+            width = max(len(prompts[i]) for i in idx)
+            ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in idx],
+                               device=self.device)
+            mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i])
+                                 for i in idx], device=self.device)
+            with torch.inference_mode():
+                out = self.model.generate(input_ids=ids, attention_mask=mask,
+                                          generation_config=config,
+                                          tokenizer=self.tokenizer if self._stop_strings else None)
+            for row, i in zip(out[:, width:].tolist(), idx):
+                answers[i] = self._decode(row)
+            bar.update(len(idx))
+        bar.close()
+        return answers
+
+    def _decode(self, ids: list[int]) -> str:
+        for k, t in enumerate(ids):
+            if t in self._eos:
+                ids = ids[:k]
+                break
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        hits = [text.find(w) for w in self.template.stop_words if w and w in text]
+        return text[:min(hits)] if hits else text
+
+
+def _eos_ids(model, template) -> list[int]:
+    """The template's end-of-turn tokens, plus the model's own EOS ids."""
+    ids = list(template.stop_token_ids())
+    own = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for t in ([own] if isinstance(own, int) else own or []):
+        if t not in ids:
+            ids.append(t)
+    return ids
+
+
+class _Cancel:
+    """A stopping criterion another thread can trigger (Ctrl-C, a closed stream)."""
+
+    def __init__(self):
+        self._event = threading.Event()
+
+    def set(self):
+        self._event.set()
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+        return torch.full((input_ids.shape[0],), self._event.is_set(), dtype=torch.bool,
+                          device=input_ids.device)
+
+
+class _StopText:
+    """Cuts streamed text at the first stop word; holds back a tail that may begin one."""
+
+    def __init__(self, stop_words: list[str]):
+        self.words = [w for w in stop_words if w]
+        self.pending = ""
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        text = self.pending + piece
+        hits = [text.find(w) for w in self.words if w in text]
+        if hits:
+            self.pending = ""
+            return text[:min(hits)], True
+        keep = 0
+        for w in self.words:  # longest suffix of text that is a proper prefix of a stop word
+            for n in range(min(len(w) - 1, len(text)), keep, -1):
+                if text.endswith(w[:n]):
+                    keep = n
+                    break
+        self.pending = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep], False
+
+    def flush(self) -> str:
+        rest, self.pending = self.pending, ""
+        return rest

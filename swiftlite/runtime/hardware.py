@@ -1,0 +1,154 @@
+"""Decides device, dtype, attention implementation and distributed backend from the hardware
+that is present. One place for these decisions, so that the CLI, the Web-UI, the pipelines and
+`swiftlite estimate` agree.
+
+Detection (`detect`) touches torch; every decision below it is a pure function of a `Hardware`
+value, so each one is unit-tested with the capabilities given by hand.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from swiftlite.errors import UsageError
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+# `--torch_dtype auto` on a CPU: fp32, except LoRA training where the CPU has bf16 units
+# (training_dtype).
+CPU_DTYPE = "float32"
+
+AMPERE = (8, 0)  # first CUDA generation with bf16 and flash-attention 2 (A100, A10, 3090)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    device: str  # "cuda" | "npu" | "cpu"
+    name: str
+    capability: tuple[int, int] | None = None  # CUDA compute capability
+    cpu_bf16: bool = False  # CPU has AMX-BF16 or AVX-512-BF16
+    count: int = 1  # visible devices of this kind
+    memory_bytes: int | None = None  # memory of one device (None on CPU)
+
+
+def detect() -> Hardware:
+    import torch
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return Hardware("cuda", torch.cuda.get_device_name(0),
+                        tuple(torch.cuda.get_device_capability(0)),
+                        count=torch.cuda.device_count(), memory_bytes=props.total_memory)
+    try:
+        import torch_npu  # noqa: F401  (Ascend; registers torch.npu)
+        if torch.npu.is_available():
+            return Hardware("npu", torch.npu.get_device_name(0), count=torch.npu.device_count())
+    except ImportError:
+        pass
+    return Hardware("cpu", "cpu", cpu_bf16=cpu_has_bf16())
+
+
+def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return "amx_bf16" in flags.split() or "avx512_bf16" in flags.split()
+
+
+def has_bf16(hw: Hardware) -> bool:
+    """Native bf16 arithmetic (pre-Ampere GPUs only emulate it, slowly)."""
+    if hw.device == "cuda":
+        return bool(hw.capability) and hw.capability >= AMPERE
+    return hw.device == "npu" or hw.cpu_bf16
+
+
+def default_dtype(hw: Hardware) -> str:
+    """bf16 on Ampere+ CUDA and on Ascend; fp16 (with loss scaling) on pre-Ampere CUDA such as
+    T4 and V100; fp32 on a CPU (see training_dtype for LoRA training there)."""
+    if hw.device == "cuda":
+        return "bfloat16" if has_bf16(hw) else "float16"
+    if hw.device == "npu":
+        return "bfloat16"
+    return CPU_DTYPE
+
+
+def resolve_dtype(requested: str | None, hw: Hardware) -> str:
+    """The compute dtype for `--torch_dtype`; refuses combinations the hardware cannot run."""
+    if requested in (None, "auto"):
+        return default_dtype(hw)
+    if requested not in DTYPES:
+        raise UsageError(f"--torch_dtype {requested}: choose one of {', '.join(DTYPES)}.")
+    if requested == "bfloat16" and hw.device == "cuda" and not has_bf16(hw):
+        cap = ".".join(map(str, hw.capability or ()))
+        raise UsageError(f"--torch_dtype bfloat16: {hw.name} (compute capability {cap}) has no "
+                         "bfloat16 units; use --torch_dtype float16 (loss-scaled) or float32.")
+    if requested == "float16" and hw.device == "cpu":
+        raise UsageError("--torch_dtype float16: mixed-precision fp16 training needs a GPU or "
+                         "NPU; on a CPU use float32 or bfloat16.")
+    return requested
+
+
+def training_dtype(requested: str | None, hw: Hardware, train_type: str = "lora",
+                   deepspeed: str | None = None) -> str:
+    """`swiftlite sft`'s compute dtype. On a CPU with AMX-BF16 or AVX-512-BF16, `auto` trains
+    LoRA on a bf16 base with fp32 activations, LoRA weights and optimizer (training/speedups/fp32_activations.py),
+    faster than fp32 at the same final loss (docs/performance.md).
+    Full fine-tuning (it needs fp32 master weights) and DeepSpeed on a CPU stay fp32."""
+    dtype = resolve_dtype(requested, hw)
+    if requested in (None, "auto") and hw.device == "cpu":
+        bf16 = hw.cpu_bf16 and train_type == "lora" and not deepspeed
+        return "bfloat16" if bf16 else CPU_DTYPE
+    return dtype
+
+
+def weights_dtype(dtype: str, train_type: str) -> str:
+    """The dtype to load weights in for compute dtype `dtype`.
+
+    fp16 training needs a loss scaler, and torch's GradScaler refuses fp16 gradients on the
+    weights it steps ("Attempting to unscale FP16 gradients"): full fine-tuning in fp16 keeps
+    fp32 master weights and lets autocast run the matmuls in fp16. LoRA needs no such copy:
+    peft keeps the adapter weights in fp32 while the frozen base stays fp16.
+    """
+    return "float32" if dtype == "float16" and train_type == "full" else dtype
+
+
+def amp_flags(dtype: str, hw: Hardware) -> dict:
+    """TrainingArguments mixed-precision flags: fp16 turns on the Trainer's loss scaling."""
+    return {"bf16": dtype == "bfloat16" and hw.device != "cpu", "fp16": dtype == "float16"}
+
+
+def flash_attn_installed() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def attn_implementation(hw: Hardware, dtype: str | None = None) -> str:
+    """flash_attention_2 on Ampere+ CUDA when the flash_attn package is installed and the
+    dtype is 16-bit (its kernels have no fp32 path); otherwise PyTorch SDPA, which every
+    device here runs (memory-efficient kernels on CUDA, fused CPU kernels). Pre-Ampere GPUs
+    have no flash-attention 2 kernels."""
+    if (hw.device == "cuda" and has_bf16(hw) and dtype in (None, "bfloat16", "float16")
+            and flash_attn_installed()):
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def backend(hw: Hardware) -> str:
+    """torch.distributed backend: NCCL on CUDA, HCCL on Ascend, gloo on CPU."""
+    return {"cuda": "nccl", "npu": "hccl"}.get(hw.device, "gloo")
+
+
+def visible_devices_env(hw: Hardware) -> str | None:
+    """The environment variable that chooses devices (None on a CPU)."""
+    return {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}.get(hw.device)
+
+
+def describe(hw: Hardware) -> str:
+    """One line for logs: what was found and what was decided."""
+    dtype = default_dtype(hw)
+    if hw.device == "cpu" and hw.cpu_bf16:
+        dtype += " (LoRA training: bfloat16 base, fp32 activations)"
+    mem = f", {hw.memory_bytes / 2**30:.0f} GiB" if hw.memory_bytes else ""
+    cap = f", compute capability {hw.capability[0]}.{hw.capability[1]}" if hw.capability else ""
+    return (f"{hw.count} x {hw.name} ({hw.device}{cap}{mem}): default dtype {dtype}, "
+            f"attention {attn_implementation(hw, dtype)}, backend {backend(hw)}")

@@ -1,0 +1,82 @@
+"""The callbacks swiftlite adds to the Trainer: logging.jsonl (loss, lr, grad_norm, tokens/s,
+memory), a stop on a non-finite loss, and args.json in every checkpoint so a checkpoint
+folder is self-describing."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+
+from transformers import TrainerCallback
+
+from swiftlite.errors import RunError
+from swiftlite.log import is_main_process
+
+
+def peak_memory_mb() -> dict:
+    import torch
+
+    from swiftlite.runtime.allocator import peak_rss_bytes
+    out = {"peak_rss_mb": round(peak_rss_bytes() / 2**20)}
+    if torch.cuda.is_available():
+        out["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
+    return out
+
+
+class JsonlLogger(TrainerCallback):
+    """One JSON object per logging step in logging.jsonl, with throughput and memory."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._t = self._tokens = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._t, self._tokens = time.time(), state.num_input_tokens_seen
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not is_main_process() or not logs:
+            return
+        row = {"step": state.global_step, "max_steps": state.max_steps, **logs}
+        now, tokens = time.time(), state.num_input_tokens_seen
+        if "loss" in logs and self._t is not None and tokens:
+            row["tokens_per_s"] = round((tokens - self._tokens) / max(now - self._t, 1e-9), 1)
+            self._t, self._tokens = now, tokens
+        row.update(peak_memory_mb())
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+class NonFiniteLossGuard(TrainerCallback):
+    """Stops on NaN/inf loss or gradient norm instead of training on garbage. build_trainer
+    turns off the Trainer's logging_nan_inf_filter, which would otherwise log a NaN loss as
+    the mean of earlier ones (0.0 at first); the gradient norm is checked as well because it
+    turns NaN at the same step."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for key in ("loss", "grad_norm"):
+            value = (logs or {}).get(key)
+            if value is not None and not math.isfinite(value):
+                hint = ("fp16 overflows easily: use --torch_dtype bfloat16 (Ampere+ GPU) or "
+                        "float32, or lower --learning_rate" if args.fp16 else
+                        "lower --learning_rate (e.g. by 10x), keep --max_grad_norm on, or check "
+                        "the data")
+                what = "loss" if key == "loss" else "gradient norm"
+                raise RunError(f"the {what} became {value} at step {state.global_step}; "
+                               f"stopped instead of training on garbage. Try: {hint}.")
+
+
+class CheckpointArgs(TrainerCallback):
+    """Copies args.json into each checkpoint, so `infer`/`merge-lora` need only its path."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def on_save(self, args, state, control, **kwargs):
+        if not is_main_process():
+            return
+        ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        src = os.path.join(self.run_dir, "args.json")
+        if os.path.isdir(ckpt) and os.path.exists(src):
+            shutil.copy(src, os.path.join(ckpt, "args.json"))

@@ -1,0 +1,154 @@
+"""Start more processes with torchrun when asked through ms-swift-style environment
+variables: NPROC_PER_NODE, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (devices are chosen
+with CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES, which the workers inherit).
+
+`NPROC_PER_NODE=2 swiftlite sft ...` re-runs the same command under torchrun. The parent
+picks the run folder once (SWIFTLITE_RUN_DIR) so every rank writes into the same one. When
+the user starts the ranks themselves (`torchrun -m swiftlite.cli sft ...`, the `deepspeed`
+launcher, SLURM, several nodes), rank 0 picks the folder and sends it to the others.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+
+from swiftlite.errors import RunError, UsageError
+from swiftlite.log import info
+from swiftlite.runtime.output import RUN_DIR_ENV, next_run_dir
+
+COMMAND_ENV = "SWIFTLITE_COMMAND"  # the user's command line, saved in args.json by rank 0
+LAUNCH_VARS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+               "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
+
+
+def _int_env(env: dict, name: str, default: int, minimum: int) -> int:
+    raw = env.get(name, "")
+    try:
+        value = int(raw) if str(raw).strip() else default
+    except ValueError:
+        raise UsageError(f"{name}={raw!r}: expected a whole number.") from None
+    if value < minimum:
+        raise UsageError(f"{name}={raw}: must be at least {minimum}.")
+    return value
+
+
+def visible_devices(env: dict) -> list[str] | None:
+    """Device ids named by CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES (None: unset)."""
+    for name in ("CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES"):
+        if name in env:
+            return [d for d in env[name].replace(" ", "").split(",") if d]
+    return None
+
+
+def torchrun_command(argv: list[str], env: dict) -> list[str] | None:
+    """The torchrun command for these env vars, or None when one process is enough.
+
+    Raises UsageError for values that cannot work (so no worker starts in vain)."""
+    if "LOCAL_RANK" in env:  # already a worker
+        return None
+    nnodes = _int_env(env, "NNODES", 1, 1)
+    devices = visible_devices(env)
+    # Several nodes without NPROC_PER_NODE: one process per visible device (ms-swift does so).
+    default_nproc = len(devices) if nnodes > 1 and devices else 1
+    nproc = _int_env(env, "NPROC_PER_NODE", default_nproc, 1)
+    if nproc <= 1 and nnodes <= 1:
+        return None
+    if devices is not None and nproc > len(devices):
+        raise UsageError(f"NPROC_PER_NODE={nproc} but only {len(devices)} device(s) are visible "
+                         f"({'CUDA' if 'CUDA_VISIBLE_DEVICES' in env else 'ASCEND_RT'}"
+                         f"_VISIBLE_DEVICES={','.join(devices)}); list more devices or start "
+                         "fewer processes.")
+    node_rank = _int_env(env, "NODE_RANK", 0, 0)
+    if node_rank >= nnodes:
+        raise UsageError(f"NODE_RANK={node_rank} must be below NNODES={nnodes}.")
+    if nnodes > 1 and node_rank > 0 and not env.get("MASTER_ADDR"):
+        raise UsageError(f"NNODES={nnodes}, NODE_RANK={node_rank}: set MASTER_ADDR to the "
+                         "address of the node with NODE_RANK=0.")
+    port = _int_env(env, "MASTER_PORT", 29500, 1)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+           f"--nnodes={nnodes}"]
+    if nnodes > 1 or env.get("MASTER_ADDR"):
+        cmd += [f"--node_rank={node_rank}",
+                f"--master_addr={env.get('MASTER_ADDR') or '127.0.0.1'}"]
+    return cmd + [f"--master_port={port}", "-m", "swiftlite.cli"] + argv
+
+
+def _nproc(cmd: list[str]) -> int:
+    return int(next(a for a in cmd if a.startswith("--nproc_per_node=")).split("=")[1])
+
+
+def user_command(argv: list[str], env: dict) -> str:
+    """The command as the user ran it, with the launch variables that shaped it."""
+    prefix = [f"{k}={shlex.quote(env[k])}" for k in LAUNCH_VARS if k in env]
+    return " ".join(prefix + ["swiftlite", shlex.join(argv)])
+
+
+def planned_run_dir(args) -> str:
+    """The run folder for these arguments (not created yet)."""
+    from swiftlite.models.registry import model_name
+    root = args.output_dir or os.path.join("output", model_name(args.model))
+    run_dir = os.environ.get(RUN_DIR_ENV) or (next_run_dir(root) if args.add_version else root)
+    return os.path.abspath(run_dir)
+
+
+def maybe_relaunch(args) -> None:
+    """Re-run this command under torchrun if the environment asks for more processes;
+    in a worker started by any launcher, make all ranks agree on the run folder."""
+    argv = ["sft"] + sys.argv[2:]
+    if "LOCAL_RANK" in os.environ:  # a worker: the sft pipeline agrees on the run folder
+        return
+    os.environ[COMMAND_ENV] = user_command(argv, os.environ)
+    info("command: " + os.environ[COMMAND_ENV])
+    cmd = torchrun_command(argv, os.environ)
+    if args.deepspeed and str(args.deepspeed).strip() != "auto":
+        from swiftlite.training.deepspeed import load_config
+        load_config(args.deepspeed)  # a bad preset/JSON fails here, not in every worker later
+    if args.deepspeed and args.resume_from_checkpoint:
+        # Refuse a ZeRO resume with another process count before any worker starts.
+        from swiftlite.training.deepspeed import check_resume
+        check_resume(args.resume_from_checkpoint,
+                     (_nproc(cmd) if cmd else 1) * int(os.environ.get("NNODES") or 1))
+    if cmd is None:
+        return
+    env = dict(os.environ)
+    nnodes = int(env.get("NNODES", "1") or 1)
+    if nnodes == 1:
+        # One node: the parent picks the folder. Several nodes: each node has its own
+        # parent, so global rank 0 picks it (agree_run_dir) and tells the others.
+        env.setdefault(RUN_DIR_ENV, planned_run_dir(args))
+    # torchrun sets OMP_NUM_THREADS=1 unless told otherwise: keep all cores shared out.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _nproc(cmd))))
+    info("launching: " + shlex.join(cmd))
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0:
+        raise RunError(f"the distributed run failed (exit code {rc}); see the log above.")
+    sys.exit(0)
+
+
+def agree_run_dir(args) -> str:
+    """The run folder, the same on every rank. In a multi-process run without
+    SWIFTLITE_RUN_DIR (started by torchrun, deepspeed, SLURM, or over several nodes), rank 0
+    picks it and sends it to the others through the launcher's rendezvous store, so the ranks
+    never split into two vN-timestamp folders.
+
+    The store is torch's own env:// rendezvous (torchrun's agent store, or a multi-tenant
+    TCPStore hosted by rank 0 that init_process_group later shares); no process group is
+    created, so accelerate still sets up the real backend (nccl/hccl/gloo) as usual. Nothing
+    is left in os.environ: a second run in the same processes gets a folder of its own."""
+    if os.environ.get(RUN_DIR_ENV) or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return planned_run_dir(args)
+    global _STORE, _RUNS
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    store, rank, _ = next(dist.rendezvous("env://", timeout=timedelta(minutes=30)))
+    _STORE = store  # rank 0 may host the server: keep it alive for init_process_group
+    key, _RUNS = f"swiftlite/run_dir/{_RUNS}", _RUNS + 1  # every rank runs the same sequence
+    if rank == 0:
+        store.set(key, planned_run_dir(args))
+    return store.get(key).decode()  # waits for rank 0
+
+
+_STORE, _RUNS = None, 0

@@ -1,0 +1,86 @@
+"""Speed-ups of a training step, one file and one flag each (all on by default where they
+apply; docs/performance.md has what each buys):
+
+  packed_attention         --padding_free: SDPA per packed sample, not one block mask
+  selective_checkpointing  --selective_checkpointing: keep frozen matmul outputs
+  fast_dropout             --fast_dropout: LoRA dropout masks from 8 random bits (CPU)
+  fused_lora               --fused_lora: each LoRA layer as one autograd function (CPU)
+  fp32_activations         --fp32_activations: bf16 frozen matmuls, fp32 activations (CPU)
+  chunked_loss             --chunked_loss: LM head only at trained positions (the Trainer's)
+
+`plan` decides which apply to this model, arguments and device; `apply` installs them on the
+model that will train (after LoRA wrapping); `checkpoint_kwargs` is what gradient
+checkpointing is enabled with. Adding a speed-up: a file here with its flag in
+TrainArguments, a line in Plan and in apply, and a test of equal per-step loss on and off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from swiftlite.log import info, warn
+
+
+@dataclass(frozen=True)
+class Plan:
+    packed_attention: bool
+    selective_checkpointing: bool
+    fast_dropout: bool
+    fused_lora: bool
+    fp32_activations: bool
+
+
+def plan(model, args, device: str) -> Plan:
+    """Which speed-ups apply. `device`: where the model will train (it may sit on the CPU now)."""
+    first = next(model.parameters())
+    lora = args.train_type == "lora"
+    # Fused LoRA layers on CPUs only (GPUs keep peft's layers under autocast), and not on
+    # ZeRO-3's partitioned weights, which DeepSpeed gathers through the modules' hooks.
+    fused = lora and args.fused_lora and device == "cpu" and not hasattr(first, "ds_id")
+    selective = args.gradient_checkpointing and args.selective_checkpointing
+    if selective and not lora:
+        warn("--selective_checkpointing keeps the outputs of frozen matmuls, and full "
+             "fine-tuning trains every weight: nothing to keep, so plain gradient checkpointing.")
+        selective = False
+    from swiftlite.training.speedups.fp32_activations import wants_fp32_activations
+    return Plan(
+        # --attn_impl given: the user's attention implementation, as it is
+        packed_attention=args.padding_free and not args.attn_impl,
+        selective_checkpointing=selective, fast_dropout=lora and args.fast_dropout,
+        fused_lora=fused, fp32_activations=wants_fp32_activations(model, args, device))
+
+
+def checkpoint_kwargs(p: Plan) -> dict:
+    """Gradient checkpointing's kwargs. Selective: fused LoRA layers keep their frozen outputs
+    themselves (fused_lora.keep_frozen_outputs); otherwise torch's policy-based version."""
+    from swiftlite.training.speedups.selective_checkpointing import checkpoint_kwargs as kw
+    return kw(p.selective_checkpointing and not p.fused_lora)
+
+
+def apply(model, p: Plan) -> list[str]:
+    """Install the planned speed-ups on `model` (the peft model for LoRA); returns their names."""
+    done = []
+    if p.packed_attention:
+        from swiftlite.training.speedups.packed_attention import use_packed_attention
+        if use_packed_attention(model):
+            done.append("packed_attention")
+    if p.fast_dropout:
+        from swiftlite.training.speedups.fast_dropout import use_fast_dropout
+        fast = use_fast_dropout(model)
+        if fast:
+            done.append("fast_dropout")
+            if fast[0].rate != fast[0].p:
+                info(f"--fast_dropout: lora_dropout {fast[0].p} is drawn as {fast[0].threshold}/"
+                     f"{1 << fast[0].bits} = {fast[0].rate:.4g} (--fast_dropout false: exactly)")
+    if p.fused_lora:
+        from swiftlite.training.speedups.fused_lora import keep_frozen_outputs, use_fused_lora
+        if use_fused_lora(model):
+            done.append("fused_lora")
+        if p.selective_checkpointing:
+            keep_frozen_outputs(model)
+    if p.selective_checkpointing:
+        done.append("selective_checkpointing")
+    if p.fp32_activations:
+        from swiftlite.training.speedups.fp32_activations import fp32_activations
+        if fp32_activations(model):
+            done.append("fp32_activations")
+    return done

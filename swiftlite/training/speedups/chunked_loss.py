@@ -1,0 +1,127 @@
+"""Causal-LM loss computed only where it counts, in chunks ("supervised-head" loss).
+
+The plain path projects every position onto the vocabulary: for Qwen2 (151,936 tokens) the
+fp32 logits of one 2048-token row are 1.2 GB, plus their gradient, and most of those
+positions are prompt tokens whose labels are -100 anyway. Here the decoder's last hidden
+states are gathered at the supervised positions only, and the LM head + cross-entropy run
+chunk by chunk; each chunk's gradient with respect to the hidden states is computed in the
+same pass (softmax - one_hot), so no logits are kept for backward and none are recomputed.
+Peak memory is one chunk of logits instead of length x vocab.
+
+The numbers are the model's own: same head weight, logits upcast to fp32 before the softmax
+like transformers' ForCausalLMLoss, sum over trained tokens divided by the Trainer's
+`num_items_in_batch` (trained tokens across the whole accumulated batch) when given.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from swiftlite.config.constants import IGNORE_INDEX, LOSS_CHUNK_ROWS as CHUNK
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """sum_i CE(h_i @ W^T, y_i) with the gradients computed chunk by chunk in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk):
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.weight_dtype = weight.dtype
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if need_w else None
+        for start in range(0, hidden.shape[0], chunk):
+            # fp32 hidden states with a bf16 head (precision.fp32_activations): bf16 matmul
+            h, y = hidden[start:start + chunk].to(weight.dtype), targets[start:start + chunk]
+            logits = (h @ weight.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            if need_h or need_w:
+                # d(sum CE)/d logits = softmax - one_hot, computed in place on the fp32 logits
+                g = logits.sub_(lse[:, None]).exp_()
+                g[torch.arange(len(y), device=y.device), y] -= 1
+                g = g.to(weight.dtype)
+                if need_h:
+                    grad_h[start:start + chunk] = g @ weight
+                if need_w:
+                    grad_w += (g.t() @ h).float()
+            del logits
+        ctx.save_for_backward(grad_h, grad_w)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None
+        gw = (grad_w * grad_out).to(ctx.weight_dtype) if grad_w is not None else None
+        return gh, gw, None, None
+
+
+def linear_cross_entropy(hidden, weight, targets, chunk: int = CHUNK):
+    """Sum of token cross-entropies of `hidden @ weight.T` against `targets` (no -100 here)."""
+    return _LinearCrossEntropy.apply(hidden, weight, targets, chunk)
+
+
+def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
+    """targets[t] = labels[t + 1] (the token position t predicts), -100 at each row's end."""
+    return F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
+
+
+def _unwrap(model):
+    """The transformers *ForCausalLM inside DDP/DeepSpeed and peft wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    if hasattr(model, "get_base_model"):  # peft
+        model = model.get_base_model()
+    return model
+
+
+def why_unsupported(model) -> str | None:
+    """None when the supervised-head loss can replace this model's own loss; else the reason."""
+    lm = _unwrap(model)
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return "the LM head is not a plain bias-free Linear (e.g. LoRA on lm_head)"
+    if hasattr(head.weight, "ds_id"):
+        return "DeepSpeed ZeRO-3 partitions the LM head weight"
+    cfg = getattr(lm, "config", None)
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None):
+        return "the model rescales its logits"
+    if "logits_to_keep" not in inspect.signature(lm.forward).parameters:
+        return "the model's forward has no logits_to_keep"
+    if not hasattr(lm, "get_decoder"):
+        return "the model has no get_decoder()"
+    return None
+
+
+def supervised_head_loss(model, inputs: dict, num_items_in_batch=None, chunk: int = CHUNK):
+    """The causal-LM loss of `model` on `inputs` (with labels), LM head at trained positions only.
+
+    The model runs as usual (through its wrappers, so DeepSpeed and peft hooks apply) with
+    `logits_to_keep` set to no position; a hook on the decoder keeps its last hidden state.
+    """
+    inputs = dict(inputs)
+    labels = inputs.pop("labels")
+    targets = shifted_targets(labels)
+    keep = targets != IGNORE_INDEX
+    lm = _unwrap(model)
+    captured = {}
+
+    def grab(_module, _args, output):
+        captured["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
+    handle = lm.get_decoder().register_forward_hook(grab)
+    try:
+        no_positions = torch.zeros_like(keep)  # boolean mask: project nothing in the model
+        model(**inputs, logits_to_keep=no_positions, use_cache=False)
+    finally:
+        handle.remove()
+    hidden = captured["h"][keep]
+    total = linear_cross_entropy(hidden, lm.get_output_embeddings().weight, targets[keep], chunk)
+    denom = num_items_in_batch if num_items_in_batch is not None else keep.sum().clamp(min=1)
+    if torch.is_tensor(denom):
+        denom = denom.to(total.device)
+    return total / denom

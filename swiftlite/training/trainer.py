@@ -1,0 +1,140 @@
+"""The Hugging Face Trainer, configured for SFT: the collator, the chunked-loss subclass, and
+the TrainingArguments built from SftArguments (fields of the same name and meaning are
+forwarded as they are; the few that need translating are listed in TRANSLATED)."""
+from __future__ import annotations
+
+import os
+
+from swiftlite.config.constants import IGNORE_INDEX
+from swiftlite.errors import UsageError
+from swiftlite.training.callbacks import CheckpointArgs, JsonlLogger, NonFiniteLossGuard
+
+
+_USER_TB_DIR = os.environ.get("TENSORBOARD_LOGGING_DIR")  # a user's own choice wins
+
+def collator(tokenizer, padding_free: bool):
+    """Padding-free: a batch is one row of concatenated samples whose position_ids restart at 0
+    for each sample; transformers then keeps attention inside each sample (SDPA or flash).
+    Otherwise: right-padded to the longest sample, labels padded with -100."""
+    if padding_free:
+        from transformers import DataCollatorWithFlattening
+        return DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
+    from transformers import DataCollatorForSeq2Seq
+    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX,
+                                  pad_to_multiple_of=None)
+
+
+def trainer_class(chunked_loss: bool):
+    """The HF Trainer, or a subclass whose training loss is swiftlite.training.speedups.chunked_loss.supervised_head_loss
+    (LM head only at trained positions, chunked). Evaluation keeps the model's own loss."""
+    from transformers import Trainer
+    if not chunked_loss:
+        return Trainer
+
+    class SftTrainer(Trainer):
+        _head_ok = None  # decided at the first step, once DeepSpeed has wrapped the model
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self._head_ok is None:
+                from swiftlite.training.speedups.chunked_loss import why_unsupported
+                reason = why_unsupported(model)
+                if reason:
+                    from swiftlite.log import warn
+                    warn(f"--chunked_loss: using the model's own loss because {reason}.")
+                self._head_ok = reason is None
+            if not (self._head_ok and model.training and not return_outputs
+                    and "labels" in inputs and self.label_smoother is None):
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            from swiftlite.training.speedups.chunked_loss import supervised_head_loss
+            # Normalised like the model's own loss: by num_items_in_batch (trained tokens in
+            # the whole accumulated batch) when the Trainer counts them, else a per-batch mean
+            # that the Trainer divides by the accumulation steps.
+            loss = supervised_head_loss(model, inputs, num_items_in_batch)
+            if (self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs
+                    and num_items_in_batch is not None):  # as Trainer.compute_loss does
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+            return loss
+
+    return SftTrainer
+
+
+def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype: str, hw):
+    """A transformers Trainer for these arguments and datasets."""
+    from swiftlite.runtime.distributed import world_size
+    world = world_size()
+    accum = args.accumulation_steps(world)
+    extra = dict(args.training_args)
+    extra.setdefault("report_to", ["tensorboard"])
+    # transformers 5 reads the TensorBoard folder from the environment only. Set for every run
+    # (not setdefault): a second run in one Python process must not log into the first's folder.
+    os.environ["TENSORBOARD_LOGGING_DIR"] = _USER_TB_DIR or os.path.join(run_dir, "runs")
+    extra.setdefault("include_num_input_tokens_seen",
+                     "all" if args.padding_free else "non_padding")
+    has_eval = val_ds is not None
+    from swiftlite.training.deepspeed import training_kwargs
+    extra.update(training_kwargs(args, hw))
+    extra.setdefault("eval_strategy", "steps" if has_eval else "no")
+    extra.setdefault("logging_nan_inf_filter", False)  # NonFiniteLossGuard must see a NaN
+    try:
+        ta = _training_arguments(args, run_dir, accum, dtype, hw, extra)
+    except ValueError as e:  # transformers' own consistency checks: a usage error, not a bug
+        raise UsageError(f"transformers rejects these training arguments: {e}") from None
+    _check_optimizer(ta, model)
+    trainer_cls = trainer_class(args.chunked_loss)
+    trainer = trainer_cls(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
+                          eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
+                          data_collator=collator(tokenizer, args.padding_free),
+                          processing_class=tokenizer,
+                          callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
+                                     NonFiniteLossGuard(), CheckpointArgs(run_dir)])
+    return trainer
+
+
+# SftArguments fields that TrainingArguments has too but that are not passed as they are:
+# swiftlite translates them (below) or uses them itself.
+TRANSLATED = {
+    "output_dir": "the run folder <output_dir>/v<N>-<timestamp> is passed",
+    "gradient_accumulation_steps": "unset: the default total batch (SftArguments.accumulation_steps)",
+    "eval_steps": "unset: --save_steps",
+    "gradient_checkpointing": "enabled on the model by training.tuners (non-reentrant)",
+    "deepspeed": "a preset name or auto, resolved to a config by training.deepspeed",
+    "resume_from_checkpoint": "passed to Trainer.train",
+    "data_seed": "seeds swiftlite's #N sampling and split, not the Trainer's sampler",
+}
+
+
+def forwarded_fields(args) -> dict:
+    """The SftArguments fields that are TrainingArguments fields of the same name and meaning."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+    names = {f.name for f in dataclasses.fields(TrainingArguments)} - set(TRANSLATED)
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.name in names}
+
+
+def _training_arguments(args, run_dir: str, accum: int, dtype: str, hw, extra: dict):
+    from transformers import TrainingArguments
+
+    from swiftlite.runtime.hardware import amp_flags
+    return TrainingArguments(
+        **forwarded_fields(args), output_dir=run_dir, gradient_accumulation_steps=accum,
+        # transformers 5 takes a warmup ratio as a float warmup_steps in [0, 1)
+        warmup_steps=extra.pop("warmup_steps", args.warmup_ratio),
+        eval_steps=args.eval_steps or args.save_steps,
+        gradient_checkpointing=False, remove_unused_columns=False,
+        use_cpu=hw.device == "cpu", **amp_flags(dtype, hw), **extra)
+
+
+def _check_optimizer(ta, model) -> None:
+    """Resolve --optim now, before the run folder exists: an optimizer whose library is
+    missing (adamw_bnb_8bit without bitsandbytes) otherwise fails only once training starts,
+    with a traceback, leaving a run folder that never trained. A DeepSpeed config with its own
+    optimizer (the offload presets) makes --optim unused: nothing to check."""
+    if isinstance(ta.deepspeed, dict) and "optimizer" in ta.deepspeed:
+        return
+    from transformers import Trainer
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(ta, model)
+    except (ImportError, ValueError) as e:
+        raise UsageError(f"--optim {ta.optim.value if hasattr(ta.optim, 'value') else ta.optim}:"
+                         f" {e}") from None

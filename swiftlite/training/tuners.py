@@ -1,0 +1,50 @@
+"""LoRA through peft (or full fine-tuning), ready for gradient checkpointing."""
+from __future__ import annotations
+
+from swiftlite.log import info
+from swiftlite.models.targets import ALL_LINEAR, is_all_linear
+
+def prepare_model(model, args, device: str | None = None):
+    """Wrap `model` for training per args.train_type; returns the model to train. `device`:
+    where it will train ("cpu", "cuda", "npu"); by default where its weights are now (the
+    Trainer moves a model loaded on the CPU to the GPU only later)."""
+    from swiftlite.training import speedups
+    device = device or next(model.parameters()).device.type
+    plan = speedups.plan(model, args, device)
+    if args.gradient_checkpointing:
+        # Non-reentrant checkpointing gives gradients to LoRA weights without needing the
+        # inputs to require grad, and recomputes each layer's forward exactly once.
+        kwargs = speedups.checkpoint_kwargs(plan)
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    # Training never uses the KV cache, and with it on transformers skips the per-sample mask of
+    # padding-free batches (samples would attend to each other): off, with or without checkpointing.
+    model.config.use_cache = False
+    if args.train_type == "full":
+        speedups.apply(model, plan)
+        info(f"full fine-tuning: {_count(model)} trainable parameters")
+        return model
+    from peft import LoraConfig, get_peft_model
+    targets = args.target_modules
+    target = ALL_LINEAR if is_all_linear(targets) else targets
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
+                        lora_dropout=args.lora_dropout, target_modules=target,
+                        task_type="CAUSAL_LM")
+    try:
+        model = get_peft_model(model, config)
+    except ValueError as e:
+        from swiftlite.errors import UsageError
+        raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
+    speedups.apply(model, plan)
+    trainable, total = _count(model), _count(model, trainable_only=False)
+    info(f"LoRA r={args.lora_rank} alpha={args.lora_alpha} on {target}: {trainable:,} trainable "
+         f"of {total:,} parameters ({100 * trainable / total:.3f}%)")
+    return model
+
+
+def _count(model, trainable_only: bool = True) -> int:
+    # ZeRO-3 loads partitioned: a parameter's full size is then ds_numel, numel() is 0.
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()
+               if p.requires_grad or not trainable_only)

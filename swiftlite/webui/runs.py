@@ -1,0 +1,230 @@
+"""Training runs started from the Web-UI, and the runs list.
+
+Everything a page shows about a run is on disk in the run folder, so reloading the page, a
+second browser, or a restarted Web-UI all see the same thing:
+  webui.json   command, pid, process start time, status, return code (written atomically)
+  webui.log    the child's stdout and stderr
+  logging.jsonl, checkpoint-*/  written by `swiftlite sft` itself
+A run is `swiftlite sft ...` (as `python -m swiftlite.cli sft ...`) in its own process group, so
+Stop can end it and any torchrun workers together. Starting is serialised with a lock file in the
+output root, and refused while another run is alive: one run at a time per output root.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from swiftlite.errors import UsageError
+from swiftlite.runtime.output import RUN_DIR_ENV, next_run_dir
+
+STATE_FILE, LOG_FILE = "webui.json", "webui.log"
+FINAL = ("finished", "failed", "stopped")
+STOP_GRACE_S = 15  # SIGINT lets the Trainer unwind; then SIGTERM, then SIGKILL
+
+
+@dataclass
+class Run:
+    path: str
+    status: str  # running, stopping, finished, failed, stopped, incomplete (CLI run, no marker)
+    started: float | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    checkpoints: list[str] = field(default_factory=list)
+    command: str = ""
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+def read_state(run_dir: str) -> dict:
+    try:
+        with open(os.path.join(run_dir, STATE_FILE), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(run_dir: str, **updates) -> dict:
+    state = {**read_state(run_dir), **updates}
+    tmp = os.path.join(run_dir, f".{STATE_FILE}.{os.getpid()}.{threading.get_ident()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, os.path.join(run_dir, STATE_FILE))  # readers never see half a file
+    return state
+
+
+def _alive(state: dict) -> bool:
+    """Is the recorded process still the one we started (not a recycled pid)?"""
+    import psutil
+    try:
+        p = psutil.Process(state["pid"])
+        return abs(p.create_time() - state["create_time"]) < 1 and p.status() != "zombie"
+    except (KeyError, psutil.Error):
+        return False
+
+
+def status(run_dir: str) -> str:
+    state = read_state(run_dir)
+    if not state:  # a run started from the CLI
+        return "finished" if os.path.exists(os.path.join(run_dir, "metrics.json")) \
+            else "incomplete"
+    if state.get("status") in FINAL:
+        return state["status"]
+    if _alive(state):
+        return "stopping" if state.get("stop_requested") else "running"
+    if state.get("status") == "starting" and time.time() - state.get("started", 0) < 30:
+        return "running"  # between writing the state file and recording the pid
+    # The process is gone and no watcher recorded its end (the Web-UI was restarted meanwhile).
+    if state.get("stop_requested"):
+        return "stopped"
+    return "finished" if os.path.exists(os.path.join(run_dir, "metrics.json")) else "failed"
+
+
+def loss_rows(run_dir: str) -> list[dict]:
+    """The training-loss rows of logging.jsonl (a half-written last line is skipped)."""
+    rows = []
+    try:
+        with open(os.path.join(run_dir, "logging.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if "loss" in r:
+                    rows.append(r)
+    except OSError:
+        pass
+    return rows
+
+
+def checkpoints(run_dir: str) -> list[str]:
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return []
+    ckpts = [n for n in names if re.fullmatch(r"checkpoint-\d+(-merged)?", n)]
+    return sorted((os.path.join(run_dir, n) for n in ckpts),
+                  key=lambda p: (int(re.search(r"(\d+)", os.path.basename(p)).group(1)), p))
+
+
+def describe(run_dir: str) -> Run:
+    state, rows = read_state(run_dir), loss_rows(run_dir)
+    last = rows[-1] if rows else {}
+    started = state.get("started")
+    if started is None:
+        try:
+            started = os.path.getmtime(run_dir)
+        except OSError:
+            pass
+    return Run(run_dir, status(run_dir), started, last.get("step"), last.get("max_steps"),
+               last.get("loss"), checkpoints(run_dir), state.get("command_line", ""))
+
+
+def find_runs(root: str, depth: int = 3) -> list[str]:
+    """Run folders (v<N>-... with webui.json or args.json) under root, newest first."""
+    found = []
+    root = os.path.abspath(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        if re.match(r"v\d+-", os.path.basename(dirpath)) and (
+                STATE_FILE in filenames or "args.json" in filenames):
+            found.append(dirpath)
+            dirnames[:] = []  # checkpoints are not runs
+            continue
+        if dirpath[len(root):].count(os.sep) >= depth:
+            dirnames[:] = []
+    return sorted(found, key=lambda p: os.path.getmtime(p), reverse=True)
+
+
+def child_env(nproc: int, run_dir: str) -> dict:
+    env = dict(os.environ)
+    env[RUN_DIR_ENV] = run_dir  # the folder chosen here is the one sft writes (see runtime/output.py)
+    env["PYTHONUNBUFFERED"] = "1"  # the log streams while training, not at exit
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if nproc > 1:
+        env["NPROC_PER_NODE"] = str(nproc)
+    else:
+        env.pop("NPROC_PER_NODE", None)
+    return env
+
+
+class RunManager:
+    """Starts and stops runs under one output root."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+        self._lock_path = os.path.join(self.root, ".webui.lock")
+
+    def active(self) -> list[str]:
+        return [r for r in find_runs(self.root) if status(r) in ("running", "stopping")]
+
+    def start(self, argv: list[str], output_dir: str, nproc: int = 1,
+              command_line: str = "") -> str:
+        """Start `swiftlite sft ARGV` in a fresh run folder under output_dir; its path."""
+        with open(self._lock_path, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two browsers pressing Start at once: one wins
+            busy = self.active()
+            if busy:
+                raise UsageError(f"a run is already in progress ({os.path.relpath(busy[0], self.root)});"
+                                 " wait for it to finish or stop it, then start again.")
+            run_dir = next_run_dir(output_dir)
+            os.makedirs(run_dir)
+            cmd = [sys.executable, "-m", "swiftlite.cli", "sft", *argv]
+            write_state(run_dir, status="starting", command=cmd, command_line=command_line,
+                        nproc=nproc, started=time.time())
+            log = open(os.path.join(run_dir, LOG_FILE), "ab")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=child_env(nproc, run_dir),
+                                    start_new_session=True)  # own process group for Stop
+            log.close()
+            import psutil
+            write_state(run_dir, status="running", pid=proc.pid, pgid=proc.pid,
+                        create_time=psutil.Process(proc.pid).create_time())
+        threading.Thread(target=self._watch, args=(proc, run_dir), daemon=True).start()
+        return run_dir
+
+    @staticmethod
+    def _watch(proc: subprocess.Popen, run_dir: str) -> None:
+        rc = proc.wait()
+        state = read_state(run_dir)
+        final = "finished" if rc == 0 else "stopped" if state.get("stop_requested") else "failed"
+        write_state(run_dir, status=final, returncode=rc, ended=time.time())
+
+    def stop(self, run_dir: str) -> str:
+        """Ask the run's process group to end (SIGINT, then SIGTERM, then SIGKILL)."""
+        state = read_state(run_dir)
+        if status(run_dir) != "running":
+            raise UsageError(f"{os.path.basename(run_dir)} is not running "
+                             f"({status(run_dir)}); nothing to stop.")
+        write_state(run_dir, stop_requested=True, stop_time=time.time())
+        threading.Thread(target=self._escalate, args=(run_dir, state), daemon=True).start()
+        return "stopping"
+
+    @staticmethod
+    def _escalate(run_dir: str, state: dict) -> None:
+        for sig, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 5),
+                            (signal.SIGKILL, 0)):
+            if not _alive(state):
+                break
+            try:
+                os.killpg(state["pgid"], sig)
+            except ProcessLookupError:
+                break
+            deadline = time.time() + wait_s
+            while time.time() < deadline and _alive(state):
+                time.sleep(0.2)
+        if read_state(run_dir).get("status") not in FINAL and not _alive(state):
+            # No watcher in this process (the run was started by an earlier Web-UI).
+            time.sleep(0.5)
+            if read_state(run_dir).get("status") not in FINAL:
+                write_state(run_dir, status="stopped", ended=time.time())

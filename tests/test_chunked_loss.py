@@ -1,0 +1,83 @@
+"""--chunked_loss: the LM head only at trained positions, in chunks, equals the model's own loss, including its normalisation per trained token across gradient accumulation."""
+from __future__ import annotations
+
+
+import pytest
+import torch
+
+
+from speedup_helpers import _assert_close_grads, _grads, _lora_model, _run, _samples
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunked_loss_equals_model_loss(tiny_qwen2, dtype):
+    """supervised_head_loss = the model's own loss, same LoRA gradients, on a packed batch;
+    several chunks are forced so the chunk boundaries are exercised."""
+    from swiftlite.training.speedups.chunked_loss import supervised_head_loss, why_unsupported
+    from swiftlite.training.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    model = _lora_model(tiny_qwen2, dtype)
+    assert why_unsupported(model) is None
+    batch = collator(tok, True)([dict(s) for s in samples])
+    trained = int((batch["labels"][:, 1:] != -100).sum())
+    assert trained > 16
+    model.zero_grad()
+    plain = model(**batch).loss
+    plain.backward()
+    g_plain = _grads(model)
+    model.zero_grad()
+    chunked = supervised_head_loss(model, batch, chunk=7)
+    chunked.backward()
+    tol = 1e-5 if dtype == "float32" else 2e-3
+    assert chunked.item() == pytest.approx(plain.item(), rel=tol)
+    _assert_close_grads(g_plain, _grads(model), rtol=1e-4 if dtype == "float32" else 3e-2)
+    # num_items_in_batch (trained tokens of the whole accumulated batch) sets the denominator
+    model.zero_grad()
+    scaled = supervised_head_loss(model, batch, num_items_in_batch=torch.tensor(3 * trained))
+    assert scaled.item() == pytest.approx(plain.item() / 3, rel=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunked_loss_trains_a_tied_head(tiny_qwen2, dtype):
+    """Full fine-tuning: the (tied) LM head weight gets the same gradient as the plain path,
+    also from bf16 weights (bf16 products accumulated in fp32)."""
+    from swiftlite.training.speedups.chunked_loss import supervised_head_loss
+    from swiftlite.models.loader import load_model
+    from swiftlite.training.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    model = load_model(tiny_qwen2, dtype)
+    model.config.use_cache = False
+    model.train()
+    batch = collator(tok, True)([dict(s) for s in samples])
+    model(**batch).loss.backward()
+    g_plain = _grads(model)
+    model.zero_grad()
+    supervised_head_loss(model, batch, chunk=5).backward()
+    _assert_close_grads(g_plain, _grads(model), rtol=1e-4 if dtype == "float32" else 3e-2)
+
+
+def test_trainer_loss_per_trained_token_across_accumulation(tmp_path, tiny_qwen2, chat_jsonl):
+    """Through the Trainer: batch 4 in one step and batch 2 x 2 accumulation steps see the same
+    samples, so with the loss normalised per trained token over the accumulated batch (not a
+    mean of micro-batch means) they log the same losses and gradient norms; the chunked loss
+    and the model's own loss agree on both."""
+    data = chat_jsonl + "#16"
+    runs = {(bs, ga, cl): _run(tmp_path, f"b{bs}g{ga}{cl}", data, per_device_train_batch_size=bs,
+                               gradient_accumulation_steps=ga, chunked_loss=cl)
+            for bs, ga, cl in [(4, 1, True), (2, 2, True), (2, 2, False)]}
+    ref = runs[(4, 1, True)]
+    assert len(ref) == 2
+    for key, rows in runs.items():
+        for a, b in zip(ref, rows):
+            assert float(b["loss"]) == pytest.approx(float(a["loss"]), rel=1e-4), key
+            assert float(b["grad_norm"]) == pytest.approx(float(a["grad_norm"]), rel=1e-3), key
+
+
+def test_chunked_loss_flag_off_uses_plain_trainer():
+    from transformers import Trainer
+
+    from swiftlite.training.trainer import trainer_class
+    assert trainer_class(False) is Trainer
+    assert issubclass(trainer_class(True), Trainer) and trainer_class(True) is not Trainer
+
+

@@ -1,0 +1,46 @@
+"""--padding_free: packed batches with per-sample SDPA learn what right-padded batches learn."""
+from __future__ import annotations
+
+
+import pytest
+
+
+from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
+
+
+@pytest.mark.parametrize("gradient_checkpointing", [True, False])
+def test_padding_free_equals_padded(tiny_qwen2, gradient_checkpointing):
+    """Same loss and LoRA gradients from a padded batch (stock SDPA), from a packed row with
+    stock SDPA (one block-diagonal mask), and from a packed row with SDPA per sample
+    (sdpa_packed, what sft uses); with and without checkpointing (the KV cache must be off)."""
+    from swiftlite.training.speedups.packed_attention import use_packed_attention
+    from swiftlite.training.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    model = _lora_model(tiny_qwen2, gradient_checkpointing=gradient_checkpointing,
+                        attn_impl="sdpa")
+    assert model.config._attn_implementation == "sdpa"
+    results = []
+    for padding_free, packed_attention in ((False, False), (True, False), (True, True)):
+        if packed_attention:
+            assert use_packed_attention(model)
+        batch = collator(tok, padding_free)([dict(s) for s in samples])
+        if padding_free:
+            assert batch["input_ids"].shape[0] == 1 and "attention_mask" not in batch
+        else:
+            assert batch["input_ids"].shape[0] == len(samples)
+        model.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        results.append((loss.item(), _grads(model)))
+    padded, g_padded = results[0]
+    for loss, grads in results[1:]:
+        assert loss == pytest.approx(padded, rel=1e-5)
+        _assert_close_grads(g_padded, grads)
+
+
+def test_sft_trains_with_packed_attention_unless_told(tiny_qwen2):
+    from swiftlite.training.speedups.packed_attention import NAME
+    assert _lora_model(tiny_qwen2).config._attn_implementation == NAME
+    assert _lora_model(tiny_qwen2, attn_impl="sdpa").config._attn_implementation == "sdpa"
+
+
