@@ -8,6 +8,7 @@ import dataclasses
 from swiftlite.config.arguments import EstimateArguments
 from swiftlite.config.sizes import parse_memory
 from swiftlite.estimate.memory import USABLE_FRACTION, Choice, estimate, model_spec
+from swiftlite.estimate.memory import recommend as fastest_that_fits
 from swiftlite.models.meta import read_config
 
 # EstimateArguments fields that are no setting of the training run.
@@ -27,7 +28,6 @@ def run(args: EstimateArguments) -> dict:
                     selective_checkpointing=args.selective_checkpointing)
     gpu_memory = parse_memory(args.gpu_memory, "gpu_memory")
     cpu_memory = parse_memory(args.cpu_memory, "cpu_memory") if args.cpu_memory else None
-    from swiftlite.estimate.memory import recommend as fastest_that_fits
     choice = fastest_that_fits(rows, gpu_memory, cpu_memory, args.gpus * args.nodes)
     setup = {k: v for k, v in dataclasses.asdict(args).items()
              if k not in ("model", "gpus", *_OUTPUT)}

@@ -103,8 +103,8 @@ def recommended_preset(args, hw) -> str | None:
     host = psutil.virtual_memory().total
     device_memory = _device_memory(hw) or host // local  # CPU-only: the host's share
     choice = recommend(for_training(args, torch_dtype=resolve_dtype(args.torch_dtype, hw),
-                                    gpus=local, nodes=nodes, gpu_memory=f"{device_memory}B",
-                                    cpu_memory=f"{host}B"))
+                                    gpus=local, nodes=nodes, gpu_memory=device_memory,
+                                    cpu_memory=host))
     if not choice.fits:
         raise UsageError(f"--deepspeed auto: no configuration fits ({choice.reason}). See "
                          f"`swiftlite estimate --model {args.model}`.")
