@@ -31,14 +31,14 @@ ROWS = {
 def test_every_format_normalises_to_messages(tmp_path, fmt):
     path = write_jsonl(tmp_path / "d.jsonl", [ROWS[fmt]])
     convs, report = load_conversations([path])
-    assert convs == [EXPECTED]
+    assert convs == [{"messages": EXPECTED, "where": f"{path}:1"}]
     assert report.kept == 1 and not report.skipped
 
 
 def test_alpaca_input_joins_instruction(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "Translate", "input": "hola",
                                                "output": "hello"}])
-    assert load_conversations([path])[0][0][0] == {"role": "user", "content": "Translate\nhola"}
+    assert load_conversations([path])[0][0]["messages"][0] == {"role": "user", "content": "Translate\nhola"}
 
 
 def test_json_csv_parquet(tmp_path):
@@ -53,7 +53,7 @@ def test_json_csv_parquet(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     for ext in ("json", "csv", "parquet"):
         convs, _ = load_conversations([str(tmp_path / f"d.{ext}")])
-        assert [c[-1]["content"] for c in convs] == ["r0", "r1", "r2"], ext
+        assert [c["messages"][-1]["content"] for c in convs] == ["r0", "r1", "r2"], ext
 
 
 BAD = [
@@ -166,3 +166,113 @@ def test_nothing_left_is_not_cached_and_a_damaged_cache_is_rebuilt(tmp_path, tin
         f.write("{}")
     ds2, rep2 = encode_dataset(convs, t, max_length=64)
     assert not rep2.from_cache and ds2["input_ids"] == ds["input_ids"]
+
+
+# -- tool calling, reasoning and loss flags -------------------------------------------------
+WEATHER_TOOL = {"name": "get_weather", "description": "Weather for a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+CALL_MESSAGES = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "18C"},
+    {"role": "assistant", "content": "18°C."}]
+TOOL_ROWS = {
+    # OpenAI messages; tools as a JSON string of bare schemas, arguments as a JSON string
+    "messages": {"tools": json.dumps([WEATHER_TOOL]), "messages": [
+        CALL_MESSAGES[0],
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        CALL_MESSAGES[2], CALL_MESSAGES[3]]},
+    # ms-swift: tool_call / tool_response roles
+    "ms-swift": {"tools": [{"type": "function", "function": WEATHER_TOOL}], "messages": [
+        CALL_MESSAGES[0],
+        {"role": "tool_call", "content": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+        {"role": "tool_response", "content": "18C"}, CALL_MESSAGES[3]]},
+    # LLaMA-Factory ShareGPT: function_call / observation speakers and a tools column
+    "sharegpt": {"tools": json.dumps([WEATHER_TOOL]), "conversations": [
+        {"from": "human", "value": "Weather in Paris?"},
+        {"from": "function_call", "value": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+        {"from": "observation", "value": "18C"}, {"from": "gpt", "value": "18°C."}]},
+}
+
+
+@pytest.mark.parametrize("fmt", list(TOOL_ROWS))
+def test_tool_rows_of_every_convention_normalise_to_openai_messages(tmp_path, fmt):
+    path = write_jsonl(tmp_path / "d.jsonl", [TOOL_ROWS[fmt]])
+    (conv,), _ = load_conversations([path])
+    assert conv["tools"] == [{"type": "function", "function": WEATHER_TOOL}]
+    got = [{k: v for k, v in m.items() if k != "id"} for m in conv["messages"]]
+    for m in got:
+        for c in m.get("tool_calls", []):
+            c.pop("id", None)
+    assert got == CALL_MESSAGES
+
+
+def test_reasoning_and_loss_flags_are_kept(tmp_path):
+    row = {"messages": [{"role": "user", "content": "2+2?"},
+                        {"role": "assistant", "content": "4", "reasoning_content": "add",
+                         "loss": False}]}
+    (conv,), _ = load_conversations([write_jsonl(tmp_path / "d.jsonl", [row])])
+    assert conv["messages"][1] == {"role": "assistant", "content": "4",
+                                   "reasoning_content": "add", "loss": False}
+
+
+TOOL_BAD = [
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "r"},
+                   {"role": "assistant", "content": "b"}]},
+     "tool message, but it does not follow an assistant turn with tool calls"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "f", "arguments": "{city: Paris}"}}]}]},
+     "the arguments: not valid JSON"),
+    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"arguments": {}}}]}]}, "has no function name"),
+    ({"tools": "[{oops", "messages": [{"role": "user", "content": "a"},
+                                      {"role": "assistant", "content": "b"}]},
+     "the tool list: not valid JSON"),
+    ({"messages": [{"role": "user", "content": "a"},
+                   {"role": "assistant", "content": "b", "loss": "no"}]}, "'loss' must be true or false"),
+    ({"conversations": [{"from": "human", "value": "a"}, {"from": "wizard", "value": "b"}]},
+     "unknown speaker 'wizard'"),
+]
+
+
+@pytest.mark.parametrize("bad,reason", TOOL_BAD)
+def test_bad_tool_rows_name_file_line_and_reason(tmp_path, bad, reason):
+    good = ({"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": "b"}]}
+            if "conversations" in bad else
+            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})
+    path = write_jsonl(tmp_path / "d.jsonl", [good, bad])
+    with pytest.raises(UsageError) as e:
+        load_conversations([path])
+    assert f"{path}:2:" in str(e.value) and reason in str(e.value)
+
+
+def test_rows_the_template_rejects_are_named_before_training(tmp_path, tiny_qwen2, monkeypatch):
+    """A tool row for a model whose template has no tool syntax: file:line and the reason."""
+    from transformers import AutoTokenizer
+    monkeypatch.setenv("SWIFTLITE_CACHE", str(tmp_path / "cache"))
+    good = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    path = write_jsonl(tmp_path / "d.jsonl", [good, TOOL_ROWS["messages"]])
+    convs, _ = load_conversations([path])
+    template = get_template(None, AutoTokenizer.from_pretrained(tiny_qwen2))
+    with pytest.raises(UsageError) as e:
+        encode_dataset(convs, template, max_length=128)
+    assert f"{path}:2:" in str(e.value) and "cannot render tools" in str(e.value)
+    ds, rep = encode_dataset(convs, template, max_length=128, skip_bad_rows=True)
+    assert len(ds) == 1 and rep.dropped == {"rejected by the chat template": 1}
+
+
+def test_split_comes_before_sampling_so_no_validation_row_is_a_training_copy(tmp_path):
+    from swiftlite.data import load_datasets
+    rows = [{"query": f"q{i}", "response": f"r{i}"} for i in range(10)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    loaded = load_datasets([f"{path}#100"], split_ratio=0.2, seed=3)
+    key = lambda c: c["messages"][0]["content"]  # noqa: E731
+    train, val = {key(c) for c in loaded.train}, [key(c) for c in loaded.val]
+    assert len(val) == 2 and len(set(val)) == 2 and not train & set(val)
+    assert len(loaded.train) == 98 and len(train) == 8
+    assert "98 samples + 2 for validation" in loaded.report.summary()
+    plain = load_datasets([path], split_ratio=0.3, seed=3)
+    assert len(plain.val) == 3 and len(plain.train) == 7

@@ -32,7 +32,7 @@ def test_engine_loads_adapter_with_run_settings(engine, tiny_run):
     assert InferEngine.load(tiny_run.last_checkpoint).dtype == trained  # default: the run's
     assert engine.ckpt.kind == "adapter"
     assert type(engine.model).__name__ == "PeftModelForCausalLM"  # base + adapter, not merged
-    assert engine.template.name == "qwen"
+    assert engine.template.name == "model"
     assert engine.default_system == "You are a helpful assistant."
     assert engine.dtype == "float32"
 

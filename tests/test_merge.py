@@ -41,7 +41,7 @@ def test_merge_cli_logits_match_and_folder_is_complete(merged):
                  "chat_template.jinja", "swiftlite.json"):
         assert os.path.exists(os.path.join(out, name)), name
     saved = json.load(open(os.path.join(out, "swiftlite.json")))
-    assert saved["template"] == "qwen" and saved["is_chat"] is True
+    assert saved["template"] == "model" and saved["is_chat"] is True
     assert saved["system"] == "You are a helpful assistant."
     assert not _leftovers(os.path.dirname(out))
     # A second merge into the same folder is refused, and leaves nothing behind.

@@ -29,7 +29,7 @@ def test_run_layout_and_loss_falls(tiny_run):
                  "chat_template.jinja", "args.json", "trainer_state.json"):
         assert os.path.exists(os.path.join(ckpt, name)), name
     args = json.load(open(os.path.join(run, "args.json")))
-    assert args["template"] == "qwen" and args["torch_dtype"] in ("float32", "bfloat16")
+    assert args["template"] == "model" and args["torch_dtype"] in ("float32", "bfloat16")
     assert args["model_dir"] and args["dataset_report"]["samples"] == 32
     rows = [r for r in read_log(run) if "loss" in r]
     assert len(rows) == 8

@@ -30,8 +30,9 @@ class ModelArguments:
     model: Optional[str] = arg(None, "local model folder, hub id (Qwen/Qwen2-1.5B-Instruct) or "
                                "alias (Qwen2-1.5B-Instruct, SmolLM2-135M-Instruct, tiny-qwen2)",
                                group="model")
-    template: Optional[str] = arg(None, "chat template name or path to a template JSON file; "
-                                  "default: the model's own", group="model")
+    template: Optional[str] = arg(None, "chat template: a name from templates/ or a JSON file "
+                                  "(an override); default (or 'model'): the model's own chat "
+                                  "template, else 'default'", group="model")
     system: Optional[str] = arg(None, "default system prompt (replaces the template's)",
                                 group="model")
     torch_dtype: str = arg("auto", "weights dtype; auto: bf16 on Ampere+ GPUs and Ascend, fp16 "
@@ -61,6 +62,10 @@ class DataArguments:
                                    choices=("delete", "left", "right"), group="data")
     skip_bad_rows: bool = arg(False, "skip malformed rows (counted per reason) instead of "
                               "stopping", group="data")
+    loss_scale: str = arg("default", "what is trained: default every assistant reply (tool "
+                          "calls included), last_round only the last one, all every token "
+                          "(prompt too); a message's own \"loss\": true|false decides for it",
+                          choices=("default", "last_round", "all"), group="data")
     model_name: list[str] = arg(help="name for self-cognition: English [Chinese]",
                                 factory=list, group="data")
     model_author: list[str] = arg(help="author for self-cognition: English [Chinese]",
@@ -221,6 +226,10 @@ class InferArguments(ModelArguments, GenerationArguments):
                                   "model folder", group="model")
     query: Optional[str] = arg(None, "answer this one question, print the answer and exit",
                                group="infer")
+    tools: Optional[str] = arg(None, "functions the model may call: a JSON file or JSON text "
+                               "with a list of OpenAI function schemas; tool calls in the answer "
+                               "are printed as JSON (batch mode: a row's own tools win)",
+                               group="infer")
     val_dataset: list[str] = arg(help="batch mode: answer every conversation of these files "
                                  "(any --dataset format) and write JSONL to --result_path",
                                  factory=list, group="infer")
@@ -243,6 +252,7 @@ class InferArguments(ModelArguments, GenerationArguments):
             problems.append("--query is empty")
         if self.query is not None and self.val_dataset:
             problems.append("give --query or --val_dataset, not both")
+
         problems += _check_choices(self)
         for name in ("max_new_tokens", "max_batch_size"):
             if getattr(self, name) <= 0:

@@ -1,8 +1,11 @@
 """Encode conversations with a template, apply max_length, and cache the result on disk.
 
 The cache key covers everything that changes the tokens: the conversations themselves, the
-tokenizer files, the template (with its system prompt), max_length and the truncation
-strategy, so a changed template never reuses stale data.
+tokenizer files, the template (its source and system prompt), what is trained (--loss_scale),
+max_length and the truncation strategy, so a changed template never reuses stale data.
+
+A conversation the template rejects (its own raise_exception, a role or tool call it cannot
+render) is a bad row like any other: named with its file:line, before any weights load.
 """
 from __future__ import annotations
 
@@ -18,10 +21,10 @@ from swiftlite.errors import UsageError
 from swiftlite.log import info, quiet_progress_bars, warn
 from swiftlite.runtime.paths import cache_dir
 from swiftlite.config.constants import IGNORE_INDEX
-from swiftlite.data.template import Template
+from swiftlite.data.template_base import ChatTemplate
 
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
-ENCODER_VERSION = "1"  # bump when encoding changes, so old caches are not reused
+ENCODER_VERSION = "2"  # bump when encoding changes, so old caches are not reused
 _CHUNK = 1000
 
 
@@ -64,19 +67,20 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(conversations: list, template: Template, max_length: int, strategy: str) -> str:
+def cache_key(conversations: list, template: ChatTemplate, max_length: int, strategy: str) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([ENCODER_VERSION, template.spec.__dict__, template.default_system,
-                         max_length, strategy], sort_keys=True, default=list).encode())
+    h.update(json.dumps([ENCODER_VERSION, template.fingerprint(), template.loss_scale,
+                         max_length, strategy]).encode())
     h.update(tokenizer_fingerprint(template.tokenizer).encode())
     for c in conversations:
+        c = {"messages": c["messages"], "tools": c.get("tools")} if isinstance(c, dict) else c
         h.update(json.dumps(c, ensure_ascii=False).encode())
     return h.hexdigest()[:24]
 
 
-def encode_dataset(conversations: list, template: Template, *, max_length: int,
+def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: int,
                    truncation_strategy: str = "delete", name: str = "train",
-                   use_cache: bool = True):
+                   use_cache: bool = True, skip_bad_rows: bool = False):
     """A datasets.Dataset with input_ids/labels/length, and an EncodeReport."""
     import datasets
 
@@ -106,8 +110,15 @@ def encode_dataset(conversations: list, template: Template, *, max_length: int,
     columns = {"input_ids": [], "labels": [], "length": []}
     bar = tqdm(total=len(conversations), desc=f"Tokenising {name}", unit="rows",
                disable=len(conversations) < 2 * _CHUNK)
+    rejected = []
     for start in range(0, len(conversations), _CHUNK):
-        for sample in template.encode_batch(conversations[start:start + _CHUNK]):
+        chunk = conversations[start:start + _CHUNK]
+        for conv, sample in zip(chunk, template.encode_batch(chunk)):
+            if isinstance(sample, Exception):
+                where = conv.get("where", f"{name} sample") if isinstance(conv, dict) else name
+                rejected.append(f"{where}: {template.describe()} cannot render it: {sample}")
+                report.dropped["rejected by the chat template"] += 1
+                continue
             if len(sample["input_ids"]) > max_length:
                 sample = _truncate(sample, max_length, truncation_strategy)
                 if sample is None:
@@ -124,6 +135,14 @@ def encode_dataset(conversations: list, template: Template, *, max_length: int,
             columns["length"].append(len(sample["input_ids"]))
         bar.update(min(_CHUNK, len(conversations) - start))
     bar.close()
+    if rejected and not skip_bad_rows:
+        more = f"\n  ... and {len(rejected) - 5} more" if len(rejected) > 5 else ""
+        raise UsageError(f"{len(rejected)} row(s) the chat template cannot render:\n  " +
+                         "\n  ".join(rejected[:5]) + more + "\nFix them, or pass "
+                         "--skip_bad_rows true to leave them out (skipped rows are counted).")
+    if rejected:
+        warn(f"{name}: left out {len(rejected)} row(s) the chat template cannot render "
+             f"(first: {rejected[0]})")
     report.lengths = columns["length"]
     ds = datasets.Dataset.from_dict(columns)
     if use_cache and len(ds):  # an empty result is an error for the caller, not worth caching
@@ -170,7 +189,7 @@ def show_sample(sample: dict, tokenizer) -> str:
             f"labels (trained part):\n{''.join(parts)}")
 
 
-def warn_if_end_of_turn_untrained(ds, template: Template) -> None:
+def warn_if_end_of_turn_untrained(ds, template: ChatTemplate) -> None:
     """The end-of-turn token must be trained, or the model never learns to stop."""
     eot = template.tokenizer(template.end_of_turn, add_special_tokens=False)["input_ids"] \
         if template.end_of_turn else []

@@ -1,29 +1,35 @@
-"""Dataset row formats, detected per file and normalised to OpenAI-style `messages`.
+"""Dataset row formats, detected per file and normalised to OpenAI-style conversations:
+{"messages": [...], "tools": [...] (only when the row has tools)}.
 
-  messages        {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
-  sharegpt        {"conversations": [{"from": "human"|"gpt"|"system", "value": str}, ...],
-                   optional "system"}
+  messages        {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str,
+                   "tool_calls": [...], "reasoning_content": str, "loss": bool}, ...],
+                   optional "tools"}; ms-swift's "tool_call"/"tool_response" roles too
+  sharegpt        {"conversations": [{"from": "human"|"gpt"|"system"|"function_call"|
+                   "observation", "value": str}, ...], optional "system", "tools"}
   alpaca          {"instruction", "input" (optional), "output", "system" (optional),
                    "history" (optional [[query, response], ...])}
   query-response  {"query", "response", "system" (optional), "history" (optional)}
 
+Tools, tool calls and tool messages take the shapes OpenAI's chat API uses (see data/tools.py).
 A row that does not fit raises BadRow with a reason; the loader adds file and line.
 """
 from __future__ import annotations
 
 import json
 
+from swiftlite.data.tools import BadRow, normalize_tool_calls, normalize_tools
+
 FORMATS = ("messages", "sharegpt", "alpaca", "query-response")
+ROLES = ("system", "user", "assistant", "tool")
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                   "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant"}
+                   "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+                   "function_call": "tool_call", "tool_call": "tool_call",
+                   "observation": "tool", "tool": "tool", "tool_response": "tool"}
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "loss", "name",
+                 "tool_call_id")
 
-
-class BadRow(ValueError):
-    """A row that cannot be used; str(e) is the reason, e.reason_kind groups counts."""
-
-    def __init__(self, reason: str, kind: str):
-        super().__init__(reason)
-        self.kind = kind
+__all__ = ["BadRow", "FORMATS", "detect_format", "to_conversation", "to_messages",
+           "check_messages"]
 
 
 def detect_format(row: dict) -> str | None:
@@ -41,7 +47,12 @@ def detect_format(row: dict) -> str | None:
 
 
 def to_messages(row: dict, fmt: str, *, require_reply: bool = True) -> list[dict]:
-    """Normalise one row; validates roles, order and content types."""
+    """The messages of one row (see to_conversation)."""
+    return to_conversation(row, fmt, require_reply=require_reply)["messages"]
+
+
+def to_conversation(row: dict, fmt: str, *, require_reply: bool = True) -> dict:
+    """Normalise one row to {"messages", "tools"?}; validates roles, order and content."""
     if not isinstance(row, dict):
         raise BadRow(f"expected a JSON object, got {type(row).__name__}", "not an object")
     if fmt == "messages":
@@ -52,9 +63,7 @@ def to_messages(row: dict, fmt: str, *, require_reply: bool = True) -> list[dict
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or "role" not in m:
                 raise BadRow(f"messages[{i}] has no 'role'", "missing role")
-            if "content" not in m or m["content"] is None:
-                raise BadRow(f"messages[{i}] ({m['role']}) has no content", "missing content")
-            out.append({"role": m["role"], "content": m["content"]})
+            out.append(_message(m, i, f"messages[{i}]"))
     elif fmt == "sharegpt":
         convs = row.get("conversations")
         if not isinstance(convs, list):
@@ -69,11 +78,9 @@ def to_messages(row: dict, fmt: str, *, require_reply: bool = True) -> list[dict
             role = _SHAREGPT_ROLES.get(str(who).lower()) if who is not None else None
             if role is None:
                 raise BadRow(f"conversations[{i}] has unknown speaker {who!r} (expected human, "
-                             "gpt or system)", "unknown role")
-            value = m.get("value", m.get("content"))
-            if value is None:
-                raise BadRow(f"conversations[{i}] ({who}) has no value", "missing content")
-            out.append({"role": role, "content": value})
+                             "gpt, system, function_call or observation)", "unknown role")
+            out.append(_message({**m, "role": role, "content": m.get("value", m.get("content"))},
+                                i, f"conversations[{i}] ({who})"))
     elif fmt in ("alpaca", "query-response"):
         if fmt == "alpaca":
             query, reply = row.get("instruction"), row.get("output")
@@ -96,7 +103,60 @@ def to_messages(row: dict, fmt: str, *, require_reply: bool = True) -> list[dict
             raise BadRow(f"'{names[1]}' is missing", "missing content")
     else:
         raise BadRow(f"unknown format {fmt!r}", "unknown format")
+    out = _merge_tool_calls(out)
     check_messages(out, require_reply=require_reply)
+    conv = {"messages": out}
+    tools = normalize_tools(row.get("tools"))
+    if tools:
+        conv["tools"] = tools
+    return conv
+
+
+def _message(m: dict, i: int, where: str) -> dict:
+    """One message with only the keys a template reads, each checked."""
+    role, content = m["role"], m.get("content")
+    if role in ("tool_call", "function_call"):  # ms-swift / LLaMA-Factory: the call as JSON text
+        return {"role": "tool_call", "tool_calls": normalize_tool_calls(content, where)}
+    if role in ("tool_response", "observation"):
+        role = "tool"
+    out = {"role": role}
+    calls = m.get("tool_calls") if role == "assistant" else None
+    if calls:
+        out["tool_calls"] = normalize_tool_calls(calls, where)
+    if content is None:
+        if not calls:
+            raise BadRow(f"{where} has no content", "missing content")
+        content = ""
+    if role == "tool" and isinstance(content, (dict, list)):
+        content = json.dumps(content, ensure_ascii=False)  # a tool's structured result
+    out["content"] = content
+    for key in ("reasoning_content", "name", "tool_call_id"):
+        if m.get(key) is not None:
+            if not isinstance(m[key], str):
+                raise BadRow(f"{where}: '{key}' must be a string", f"non-string {key}")
+            out[key] = m[key]
+    if "loss" in m and m["loss"] is not None:
+        if not isinstance(m["loss"], bool):
+            raise BadRow(f"{where}: 'loss' must be true or false, got {m['loss']!r}", "bad loss")
+        if role != "assistant":
+            raise BadRow(f"{where}: 'loss' is only for assistant messages (the {role} message "
+                         "is never trained)", "bad loss")
+        out["loss"] = m["loss"]
+    return out
+
+
+def _merge_tool_calls(msgs: list[dict]) -> list[dict]:
+    """ms-swift's tool_call messages (LLaMA-Factory's function_call turns) become the
+    tool_calls of an assistant message: the one just before, or a new one."""
+    out = []
+    for m in msgs:
+        if m["role"] != "tool_call":
+            out.append(m)
+        elif out and out[-1]["role"] == "assistant":
+            prev = out[-1] = dict(out[-1])
+            prev["tool_calls"] = prev.get("tool_calls", []) + m["tool_calls"]
+        else:
+            out.append({"role": "assistant", "content": "", "tool_calls": m["tool_calls"]})
     return out
 
 
@@ -118,24 +178,42 @@ def _history(history) -> list[dict]:
 
 
 def check_messages(msgs: list[dict], *, require_reply: bool = True) -> None:
-    """Optional system first, then user/assistant alternating from user; strings only."""
+    """Optional system first, then turns from a user: a user is answered by the assistant; an
+    assistant that calls tools is followed by their tool messages, and those by the assistant.
+    Contents are strings."""
     if not msgs:
         raise BadRow("the conversation is empty", "empty conversation")
     for i, m in enumerate(msgs):
-        if not isinstance(m["content"], str):
+        if m["role"] not in ROLES:
+            raise BadRow(f"message {i} has unknown role {m['role']!r} (expected system, user, "
+                         "assistant or tool)", "unknown role")
+        if not isinstance(m.get("content"), str):
             raise BadRow(f"message {i} ({m['role']}) content must be a string, got "
-                         f"{type(m['content']).__name__}", "non-string content")
-        if m["role"] not in ("system", "user", "assistant"):
-            raise BadRow(f"message {i} has unknown role {m['role']!r} (expected system, user "
-                         "or assistant)", "unknown role")
-    turns = msgs[1:] if msgs[0]["role"] == "system" else msgs
-    for i, m in enumerate(turns):
-        want = "user" if i % 2 == 0 else "assistant"
-        if m["role"] != want:
-            raise BadRow(f"wrong role order: turn {i + 1} is {m['role']!r} where {want!r} was "
-                         "expected (optional system first, then user and assistant alternating)",
-                         "wrong role order")
+                         f"{type(m.get('content')).__name__}", "non-string content")
+    first = 1 if msgs[0]["role"] == "system" else 0
+    turns = msgs[first:]
     if not turns:
         raise BadRow("the conversation has no user turn", "no user turn")
+    prev = None
+    for i, m in enumerate(turns, first):
+        role = m["role"]
+        if prev is None:
+            ok, want = role == "user", "'user'"
+        elif prev["role"] == "user":
+            ok, want = role == "assistant", "'assistant'"
+        elif prev["role"] == "assistant":
+            calls = bool(prev.get("tool_calls"))
+            ok, want = (role == "tool", "'tool' (the results of its tool calls)") if calls else \
+                (role == "user", "'user'")
+        else:  # a tool message
+            ok, want = role in ("tool", "assistant"), "'tool' or 'assistant'"
+        if not ok:
+            if role == "tool":
+                raise BadRow(f"message {i} is a tool message, but it does not follow an "
+                             "assistant turn with tool calls", "tool message without a call")
+            raise BadRow(f"wrong role order: message {i} is {role!r} where {want} was expected "
+                         "(optional system first, then user and assistant alternating; tool "
+                         "messages after an assistant's tool calls)", "wrong role order")
+        prev = m
     if require_reply and turns[-1]["role"] != "assistant":
         raise BadRow("the conversation does not end with an assistant reply", "no reply")

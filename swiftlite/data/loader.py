@@ -4,6 +4,10 @@ A spec is a local file (.jsonl, .json, .csv, .parquet) or a built-in name, optio
 `#N` to sample N rows (seeded; N larger than the data repeats it). Every row is checked before
 any model is loaded: a bad row stops the run with its file, line and reason, unless
 skip_bad_rows is set, in which case bad rows are counted per reason and reported.
+
+Each conversation is {"messages", "tools"?, "where"}; "where" (file:line) names it in errors.
+A validation split is taken from the distinct rows of each file before #N sampling repeats
+rows, so no validation row is a copy of a training row.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 
 from swiftlite.errors import UsageError
 from swiftlite.log import info, warn
-from swiftlite.data.formats import BadRow, detect_format, to_messages
+from swiftlite.data.formats import BadRow, detect_format, to_conversation
 
 BUILTIN = {"self-cognition": "self_cognition.jsonl"}
 MAX_ERRORS_SHOWN = 5
@@ -30,6 +34,7 @@ class LoadReport:
     rows: int = 0
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)  # reason -> count
+    validation: int = 0  # samples split off for validation (--split_dataset_ratio)
 
     def summary(self) -> str:
         """e.g. "6 rows read -> 9 samples (#N sampling)", "10 rows read, 2 skipped (...) -> 8
@@ -40,7 +45,9 @@ class LoadReport:
             s += f", {bad} skipped (" + ", ".join(
                 f"{n} {k}" for k, n in self.skipped.most_common()) + ")"
         s += f" -> {self.kept} samples"
-        if self.kept != self.rows - bad:
+        if self.validation:
+            s += f" + {self.validation} for validation"
+        if self.kept + self.validation != self.rows - bad:
             s += " (#N sampling)"
         return s
 
@@ -130,11 +137,25 @@ def _sample(rows: list, n: int, seed: int) -> list:
     return out + rng.sample(rows, n - len(out))
 
 
-def load_conversations(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = False,
-                       model_name=None, model_author=None, require_reply: bool = True
-                       ) -> tuple[list[list[dict]], LoadReport]:
+@dataclass
+class Loaded:
+    train: list[dict]
+    val: list[dict]
+    report: LoadReport
+
+
+def load_conversations(specs: list[str], **kwargs) -> tuple[list[dict], LoadReport]:
     """Validated conversations from all specs, in order; raises UsageError on bad rows."""
-    report, convs, errors = LoadReport(), [], []
+    loaded = load_datasets(specs, **kwargs)
+    return loaded.train, loaded.report
+
+
+def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = False,
+                  model_name=None, model_author=None, require_reply: bool = True,
+                  split_ratio: float = 0.0) -> Loaded:
+    """load_conversations, plus a validation split of split_ratio of each spec's distinct rows
+    (taken before #N sampling)."""
+    report, convs, val, errors = LoadReport(), [], [], []
     for spec in specs:
         path, n = parse_spec(spec)
         raw = (_builtin_rows(path, model_name, model_author) if path in BUILTIN
@@ -162,13 +183,19 @@ def load_conversations(specs: list[str], *, seed: int = 42, skip_bad_rows: bool 
                 if own is not None and own != fmt:
                     raise BadRow(f"row is in the {own} format, the file's first rows are {fmt}",
                                  "mixed formats")
-                good.append(to_messages(row, fmt, require_reply=require_reply))
+                conv = to_conversation(row, fmt, require_reply=require_reply)
+                conv["where"] = where
+                good.append(conv)
             except BadRow as e:
                 report.skipped[e.kind] += 1
                 errors.append(f"{where}: {e}")
+        if not good:
+            continue
+        if split_ratio > 0:
+            held, good = _split(good, split_ratio, n, seed)
+            val += held
+            n = None if n is None else max(n - len(held), 1)
         if n is not None:
-            if not good:
-                continue
             if n > len(good):
                 info(f"{spec}: {len(good)} rows, sampling {n} repeats them.")
             good = _sample(good, n, seed)
@@ -183,7 +210,21 @@ def load_conversations(specs: list[str], *, seed: int = 42, skip_bad_rows: bool 
     if errors:
         warn(f"skipped {len(errors)} bad row(s): " + ", ".join(
             f"{n} {k}" for k, n in report.skipped.most_common()) + f" (first: {errors[0]})")
-    report.kept = len(convs)
+    report.kept, report.validation = len(convs), len(val)
     if not convs:
         raise UsageError(f"the dataset {' '.join(specs)} has no usable rows ({report.summary()}).")
-    return convs, report
+    return Loaded(convs, val, report)
+
+
+def _split(rows: list, ratio: float, n: int | None, seed: int) -> tuple[list, list]:
+    """(validation, training) rows: ratio of the rows that will be used (all of them, or the
+    N of #N when that is fewer), at least one each when there are two rows or more."""
+    if len(rows) < 2:
+        return [], rows
+    used = min(n, len(rows)) if n is not None else len(rows)
+    k = min(max(1, round(ratio * used)), len(rows) - 1)
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:k])
+    return ([rows[i] for i in sorted(held)],
+            [r for i, r in enumerate(rows) if i not in held])

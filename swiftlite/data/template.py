@@ -1,205 +1,49 @@
-"""Chat templates: small data files in templates/, and one encoder for all of them.
+"""Which template renders a model's conversations.
 
-A template is a JSON file with the pieces of a conversation:
+  --template NAME or PATH   a JSON template (shipped in templates/, or a file): an override
+  otherwise                 the model's own chat template (model_template), when its tokenizer
+                            has one; a JSON template that is proven identical renders plain
+                            conversations faster
+  no chat template at all   the `default` JSON template (base models)
 
-  prefix            once at the start (e.g. a BOS token)
-  system, user      formats with {content}
-  assistant_header  starts an assistant turn; also the generation prompt
-  assistant         the trained part of a reply: "{content}" plus the end-of-turn token
-  assistant_suffix  after the end-of-turn token, not trained (e.g. "\\n")
-  default_system    used when a conversation has no system message (null: none)
-  stop_words        where generation stops
-
-`{eos_token}` in any piece is replaced by the tokenizer's EOS token.
-
-encode() renders the whole conversation to one string, tokenizes it once, and sets labels from
-character spans (offset mapping). Tokenizing the whole string, not piece by piece, is what
-makes the ids identical to `tokenizer.apply_chat_template` for the same format.
+`--template model` asks for the model's own template explicitly.
 """
 from __future__ import annotations
 
-import importlib.resources
-import json
-import os
-from dataclasses import dataclass, field
-
-from swiftlite.config.constants import IGNORE_INDEX
+from swiftlite.data.json_template import Template, TemplateSpec, load_spec, template_names
+from swiftlite.data.model_template import OWN, ModelTemplate, chat_template_text, fingerprint
+from swiftlite.data.template_base import LOSS_SCALES, ChatTemplate, TemplateRejected
 from swiftlite.errors import UsageError
 
-_FIELDS = ("name", "prefix", "system", "user", "assistant_header", "assistant",
-           "assistant_suffix", "default_system", "stop_words", "description")
+__all__ = ["get_template", "ChatTemplate", "Template", "TemplateSpec", "ModelTemplate",
+           "TemplateRejected", "template_names", "load_spec", "OWN", "LOSS_SCALES"]
 
 
-@dataclass(frozen=True)
-class TemplateSpec:
-    name: str
-    system: str
-    user: str
-    assistant_header: str
-    assistant: str
-    prefix: str = ""
-    assistant_suffix: str = ""
-    default_system: str | None = None
-    stop_words: list[str] = field(default_factory=list)
-    description: str = ""
-
-
-def template_names() -> list[str]:
-    root = importlib.resources.files("swiftlite.templates")
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".json"))
-
-
-def load_spec(name_or_path: str) -> TemplateSpec:
-    """A template by name (a file shipped in templates/) or by path to a JSON file."""
-    if name_or_path.endswith(".json") or os.path.sep in name_or_path:
-        if not os.path.isfile(name_or_path):
-            raise UsageError(f"--template {name_or_path}: no such file.")
-        text, where = open(name_or_path, encoding="utf-8").read(), name_or_path
+def get_template(name: str | None, tokenizer, system: str | None = None,
+                 loss_scale: str = "default") -> ChatTemplate:
+    """`swiftlite.get_template(None, tokenizer).encode(messages)`: name None (or "model") is
+    the tokenizer's own chat template; a name or path is a JSON template."""
+    if loss_scale not in LOSS_SCALES:
+        raise UsageError(f"--loss_scale {loss_scale}: use one of {', '.join(LOSS_SCALES)}.")
+    if name in (None, OWN):
+        source = chat_template_text(tokenizer)
+        if source is not None:
+            template = ModelTemplate(tokenizer, system, fast=_proven_json(source, tokenizer, system))
+        elif name == OWN:
+            raise UsageError("--template model: this model's tokenizer has no chat template. Pass "
+                             "a JSON template, e.g. --template default for a base model.")
+        else:
+            template = Template(load_spec("default"), tokenizer, system=system)
     else:
-        res = importlib.resources.files("swiftlite.templates") / f"{name_or_path}.json"
-        if not res.is_file():
-            raise UsageError(f"--template {name_or_path}: unknown template. Known: "
-                             f"{', '.join(template_names())}; or pass a path to a JSON file.")
-        text, where = res.read_text(encoding="utf-8"), f"template {name_or_path}"
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{where}: not valid JSON ({e}).") from None
-    unknown = set(data) - set(_FIELDS)
-    missing = {"system", "user", "assistant_header", "assistant"} - set(data)
-    if unknown or missing:
-        raise UsageError(f"{where}: " + "; ".join(
-            ([f"unknown keys {sorted(unknown)}"] if unknown else []) +
-            ([f"missing keys {sorted(missing)}"] if missing else [])) +
-            f". A template has the keys {', '.join(_FIELDS)}.")
-    if "{content}" not in data["assistant"]:
-        raise UsageError(f"{where}: 'assistant' must contain {{content}}.")
-    data.setdefault("name", os.path.basename(name_or_path).removesuffix(".json"))
-    return TemplateSpec(**data)
+        template = Template(load_spec(name), tokenizer, system=system)
+    template.loss_scale = loss_scale
+    return template
 
 
-class Template:
-    """A template bound to a tokenizer. Build it with get_template()."""
-
-    def __init__(self, spec: TemplateSpec, tokenizer, system: str | None = None):
-        eos = tokenizer.eos_token or ""
-        fill = (lambda s: s.replace("{eos_token}", eos)) if eos else (lambda s: s)
-        self.spec = spec
-        self.name = spec.name
-        self.tokenizer = tokenizer
-        self._p = {k: fill(getattr(spec, k)) for k in
-                   ("prefix", "system", "user", "assistant_header", "assistant", "assistant_suffix")}
-        # `--system` replaces the template's default; a conversation's own system message wins.
-        self.default_system = system if system is not None else spec.default_system
-        self.stop_words = [fill(w) for w in spec.stop_words]
-        end = self._p["assistant"].split("{content}", 1)[1]
-        self.end_of_turn = end  # e.g. "<|im_end|>": trained after every reply
-
-    # -- rendering ------------------------------------------------------------------------
-    def render(self, messages: list[dict], add_generation_prompt: bool = False
-               ) -> tuple[str, list[tuple[int, int]]]:
-        """The prompt string and the character spans that are trained (assistant replies)."""
-        p = self._p
-        parts, spans, pos = [p["prefix"]], [], len(p["prefix"])
-
-        def put(text: str, trained: bool = False):
-            nonlocal pos
-            if trained and text:
-                spans.append((pos, pos + len(text)))
-            parts.append(text)
-            pos += len(text)
-
-        msgs = list(messages)
-        if msgs and msgs[0]["role"] == "system":
-            put(p["system"].replace("{content}", msgs.pop(0)["content"]))
-        elif self.default_system is not None:
-            put(p["system"].replace("{content}", self.default_system))
-        for m in msgs:
-            if m["role"] == "user":
-                put(p["user"].replace("{content}", m["content"]))
-            elif m["role"] == "assistant":
-                put(p["assistant_header"])
-                put(p["assistant"].replace("{content}", m["content"]), trained=True)
-                put(p["assistant_suffix"])
-            else:
-                raise UsageError(f"template {self.name}: role {m['role']!r} is not supported "
-                                 "(system, user, assistant).")
-        if add_generation_prompt:
-            put(p["assistant_header"])
-        return "".join(parts), spans
-
-    # -- encoding -------------------------------------------------------------------------
-    def encode(self, messages: list[dict]) -> dict:
-        """{'input_ids', 'labels'} for one conversation; labels are -100 outside replies."""
-        return self.encode_batch([messages])[0]
-
-    def encode_batch(self, conversations: list[list[dict]]) -> list[dict]:
-        rendered = [self.render(c) for c in conversations]
-        enc = self.tokenizer([r[0] for r in rendered], add_special_tokens=False,
-                             return_offsets_mapping=True)
-        out = []
-        for (_, spans), ids, offsets in zip(rendered, enc["input_ids"], enc["offset_mapping"]):
-            labels = [IGNORE_INDEX] * len(ids)
-            j = 0  # spans and tokens are both in order: one pass
-            for i, (start, end) in enumerate(offsets):
-                while j < len(spans) and spans[j][1] <= start:
-                    j += 1
-                if j < len(spans) and spans[j][0] <= start < spans[j][1] and end > start:
-                    labels[i] = ids[i]
-            out.append({"input_ids": ids, "labels": labels})
-        return out
-
-    def encode_prompt(self, messages: list[dict]) -> list[int]:
-        """Token ids of a conversation ending with a user turn, plus the generation prompt."""
-        text, _ = self.render(messages, add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def stop_token_ids(self) -> list[int]:
-        """Single-token stop words (end-of-turn, EOS) for generate()'s eos_token_id."""
-        ids = []
-        for w in self.stop_words + [self.tokenizer.eos_token or ""]:
-            t = self.tokenizer(w, add_special_tokens=False)["input_ids"] if w else []
-            if len(t) == 1 and t[0] not in ids:
-                ids.append(t[0])
-        return ids
-
-    # -- export ---------------------------------------------------------------------------
-    def to_jinja(self) -> str:
-        """An equivalent Jinja chat template, written into saved tokenizers so that plain
-        `apply_chat_template` renders exactly what swiftlite trained on."""
-        p = {k: self.spec.__dict__[k] for k in self._p}
-
-        def lit(s: str) -> str:  # a Jinja expression for a piece, with {content}/{eos_token}
-            out = []
-            for i, chunk in enumerate(s.split("{content}")):
-                if i:
-                    out.append("content")
-                pieces = chunk.split("{eos_token}")
-                for k, piece in enumerate(pieces):
-                    if k:
-                        out.append("eos_token")
-                    if piece:
-                        out.append(json.dumps(piece, ensure_ascii=False))
-            return "{{ " + " + ".join(out) + " }}" if out else ""
-
-        default = ("{%- set system = " + json.dumps(self.default_system, ensure_ascii=False) + " %}"
-                   if self.default_system is not None else "{%- set system = none %}")
-        return (
-            "{%- set msgs = messages %}" + default +
-            "{%- if messages and messages[0]['role'] == 'system' %}"
-            "{%- set system = messages[0]['content'] %}{%- set msgs = messages[1:] %}{%- endif %}"
-            + lit(p["prefix"]) +
-            "{%- if system is not none %}{%- set content = system %}" + lit(p["system"]) +
-            "{%- endif %}"
-            "{%- for message in msgs %}{%- set content = message['content'] %}"
-            "{%- if message['role'] == 'user' %}" + lit(p["user"]) +
-            "{%- elif message['role'] == 'assistant' %}" + lit(p["assistant_header"])
-            + lit(p["assistant"]) + lit(p["assistant_suffix"]) +
-            "{%- endif %}{%- endfor %}"
-            "{%- if add_generation_prompt %}" + lit(p["assistant_header"]) + "{%- endif %}")
-
-
-def get_template(name: str, tokenizer, system: str | None = None) -> Template:
-    """`swiftlite.get_template("qwen", tokenizer).encode(messages)`."""
-    return Template(load_spec(name), tokenizer, system=system)
-
+def _proven_json(source: str, tokenizer, system: str | None) -> Template | None:
+    digest = fingerprint(source)
+    for name in template_names():
+        spec = load_spec(name)
+        if digest in spec.reproduces:
+            return Template(spec, tokenizer, system=system)
+    return None

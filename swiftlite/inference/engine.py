@@ -94,19 +94,39 @@ class InferEngine:
         return self.template.default_system
 
     # -- inputs ----------------------------------------------------------------------------
-    def encode(self, messages) -> list[int]:
-        """Prompt ids for a conversation ending with a user turn (a str is one user turn)."""
-        from swiftlite.data.formats import BadRow, check_messages
+    def encode(self, messages, tools=None) -> list[int]:
+        """Prompt ids for a conversation ending with a user turn or tool results (a str is one
+        user turn); tools: OpenAI function schemas the model may call."""
+        from swiftlite.data.formats import BadRow, to_conversation
+        from swiftlite.data.template import TemplateRejected
         if isinstance(messages, str):
             messages = [{"role": "user", "content": messages}]
+        elif isinstance(messages, dict):  # a conversation {"messages", "tools"}
+            messages, tools = messages["messages"], messages.get("tools", tools)
         try:
-            msgs = [{"role": m["role"], "content": m["content"]} for m in messages]
-            check_messages(msgs, require_reply=False)
-        except (BadRow, KeyError, TypeError) as e:
+            conv = to_conversation({"messages": list(messages), "tools": tools}, "messages",
+                                   require_reply=False)
+        except (BadRow, KeyError, TypeError, AttributeError) as e:
             raise UsageError(f"cannot answer this conversation: {e}.") from None
-        if msgs[-1]["role"] != "user":
-            raise UsageError("cannot answer this conversation: it must end with a user turn.")
-        return self.template.encode_prompt(msgs)
+        msgs = conv["messages"]
+        if msgs[-1]["role"] not in ("user", "tool"):
+            raise UsageError("cannot answer this conversation: it must end with a user turn "
+                             "(or tool results).")
+        try:
+            return self.template.encode_prompt(msgs, tools=conv.get("tools"))
+        except TemplateRejected as e:
+            raise UsageError(f"cannot answer this conversation: the {self.template.describe()} "
+                             f"rejects it: {e}.") from None
+
+    def parse(self, text: str) -> dict:
+        """A generated reply as {"content", "tool_calls", "reasoning_content"}: tool calls read
+        in the syntax of the model's template (e.g. Qwen2.5's <tool_call>{...}</tool_call>)."""
+        from swiftlite.data.tools import parse_reply
+        return parse_reply(text, getattr(self.template, "source", None))
+
+    def reply(self, messages, tools=None, **gen) -> dict:
+        """One answer, parsed: {"content", "tool_calls", "reasoning_content"}."""
+        return self.parse(self.chat(messages, tools=tools, **gen))
 
     def generation_config(self, **gen):
         from transformers import GenerationConfig
@@ -130,12 +150,12 @@ class InferEngine:
         return GenerationConfig(**kw)
 
     # -- generation ------------------------------------------------------------------------
-    def stream(self, messages, **gen) -> Iterator[str]:
+    def stream(self, messages, tools=None, **gen) -> Iterator[str]:
         """Text deltas of the answer as they are generated. Closing the iterator (or Ctrl-C
         while reading it) stops generation at the next token."""
         import torch
         from transformers import StoppingCriteriaList, TextIteratorStreamer
-        ids = self.encode(messages)
+        ids = self.encode(messages, tools)
         config = self.generation_config(**gen)
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True,
                                         skip_special_tokens=True)
@@ -176,13 +196,18 @@ class InferEngine:
         if failure:
             raise failure[0]
 
-    def chat(self, messages, **gen) -> str:
+    def chat(self, messages, tools=None, **gen) -> str:
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        if tools is not None and not isinstance(messages, dict):
+            messages = {"messages": messages, "tools": tools}
         return self.generate_batch([messages], **gen)[0]
 
     def generate_batch(self, conversations: list, max_batch_size: int = 8, progress: bool = False,
                        **gen) -> list[str]:
-        """Answers for many conversations, generated max_batch_size at a time with left padding
-        (prompts sorted by length so batches pad little); same answers as one by one."""
+        """Answers for many conversations (message lists, or {"messages", "tools"} dicts),
+        generated max_batch_size at a time with left padding (prompts sorted by length so
+        batches pad little); same answers as one by one."""
         import torch
         from tqdm import tqdm
         prompts = [self.encode(c) for c in conversations]

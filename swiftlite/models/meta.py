@@ -27,9 +27,11 @@ def read_config(model: str) -> tuple[str, dict]:
     shipped = resources.files("swiftlite.models").joinpath("configs", f"{alias}.json")
     if shipped.is_file():
         return alias, json.loads(shipped.read_text(encoding="utf-8"))
-    if alias == "tiny-qwen2":
+    if alias in ("tiny-qwen2", "tiny-qwen2.5", "tiny-qwen3"):
         from swiftlite.models.builtin import TINY_QWEN2_CONFIG
-        return alias, {"model_type": "qwen2", **TINY_QWEN2_CONFIG}
+        extra = {"model_type": "qwen3", "head_dim": 16} if alias == "tiny-qwen3" else {
+            "model_type": "qwen2"}
+        return alias, {**TINY_QWEN2_CONFIG, **extra}
     if model.count("/") == 1 and not model.startswith((".", "/", "~")):
         try:
             from huggingface_hub import hf_hub_download

