@@ -4,7 +4,7 @@ Python API (the same arguments as the CLI):
     swiftlite.sft(model="SmolLM2-135M-Instruct", dataset=["self-cognition#500"], ...)
     swiftlite.merge_lora(ckpt_dir="output/.../checkpoint-50")
     swiftlite.infer(ckpt_dir=..., messages=[...])
-    swiftlite.get_template("qwen", tokenizer).encode(messages)
+    swiftlite.get_template(None, tokenizer).encode(messages, tools)  # the model's own template
 Heavy libraries are imported only when a function is called.
 """
 __version__ = "0.1.0"

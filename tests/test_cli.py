@@ -105,7 +105,7 @@ def test_unknown_model_is_a_clear_error(tmp_path):
     data.write_text('{"query": "a", "response": "b"}\n')
     r = run_cli("sft", "--model", "Qwen9-1B", "--dataset", str(data), check=False)
     assert r.returncode == 2 and "--model Qwen9-1B" in r.stderr and "Known aliases" in r.stderr
-    r = run_cli("sft", "--model", "tiny-qwen", "--dataset", str(data), check=False)
+    r = run_cli("sft", "--model", "tiny-qwn2", "--dataset", str(data), check=False)
     assert r.returncode == 2 and "Did you mean tiny-qwen2?" in r.stderr
     assert "dataset:" not in r.stderr  # said before the data is read
     r = run_cli("sft", "--model", "SomeOrg/not-downloaded", "--dataset", str(data), check=False,

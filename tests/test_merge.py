@@ -42,7 +42,11 @@ def test_merge_cli_logits_match_and_folder_is_complete(merged):
         assert os.path.exists(os.path.join(out, name)), name
     saved = json.load(open(os.path.join(out, "swiftlite.json")))
     assert saved["template"] == "model" and saved["is_chat"] is True
-    assert saved["system"] == "You are a helpful assistant."
+    assert saved["system"] is None  # no --system: the model's own template decides
+    from transformers import AutoTokenizer
+    assert AutoTokenizer.from_pretrained(out).apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False).startswith(
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
     assert not _leftovers(os.path.dirname(out))
     # A second merge into the same folder is refused, and leaves nothing behind.
     r2 = run_cli("merge-lora", "--ckpt_dir", ckpt, "--verify", "false", check=False)

@@ -257,3 +257,13 @@ def test_run_list_tolerates_a_run_name_it_no_longer_lists(tmp_path):
     assert known == rels and [row[0] for row in table] == rels
     assert choices["value"] == "m/v1-20260101-000001" and choices["choices"] == rels
     assert "m/v1-20260101-000001" in status_md
+
+
+def test_infer_tools_box_takes_function_schemas_or_names_the_fault():
+    from swiftlite.errors import UsageError
+    from swiftlite.webui.infer_tab import parse_tools
+    assert parse_tools("  ") is None
+    assert parse_tools('[{"name": "f", "parameters": {}}]') == [
+        {"type": "function", "function": {"name": "f", "parameters": {}}}]
+    with pytest.raises(UsageError, match="tools: .*not valid JSON"):
+        parse_tools("[{oops")

@@ -63,6 +63,9 @@ def build(manager) -> None:
         state = gr.HTML("No model loaded.", elem_id="infer-state")
         system = gr.Textbox(label="system", lines=2, elem_id="infer-system",
                             info="system prompt; empty: the checkpoint's own default")
+        tools = gr.Textbox(label="tools", lines=2, elem_id="infer-tools",
+                           info="functions the model may call: a JSON list of OpenAI function "
+                                "schemas (empty: none); its tool calls are shown under the answer")
         with gr.Accordion("generation settings", open=False):
             gen = []
             fields = list(gen_fields())
@@ -109,7 +112,7 @@ def build(manager) -> None:
             _free()
         return "No model loaded." + (f" (unloaded {html.escape(name)})" if name else "")
 
-    def respond(message, history, sys_prompt, *gen_values):
+    def respond(message, history, sys_prompt, tools_text, *gen_values):
         history = list(history or [])
         if not (message or "").strip():
             yield history, message
@@ -127,6 +130,7 @@ def build(manager) -> None:
         try:
             gen = gen_kwargs(_engine["name"], {f.name: v for f, v in zip(gen_fields(),
                                                                          gen_values)})
+            tool_list = parse_tools(tools_text)
         except SwiftliteError as e:
             history[-1]["content"] = f"(not sent: {e})"
             yield history, message
@@ -134,8 +138,14 @@ def build(manager) -> None:
         yield history, ""
         with _lock:
             try:
-                for piece in engine.stream(messages, **gen):
+                for piece in engine.stream(messages, tools=tool_list, **gen):
                     history[-1]["content"] += piece
+                    yield history, ""
+                calls = engine.parse(history[-1]["content"])["tool_calls"] if tool_list else []
+                if calls:
+                    history[-1]["content"] += "".join(
+                        f"\n(tool call: {c['function']['name']}({c['function']['arguments']}))"
+                        for c in calls)
                     yield history, ""
             except SwiftliteError as e:
                 history[-1]["content"] += f"\n(error: {e})"
@@ -145,9 +155,21 @@ def build(manager) -> None:
     source.focus(scan, None, source)
     load_btn.click(load, source, [state, system])
     unload_btn.click(unload, None, state)
-    send.click(respond, [prompt, chat, system, *gen], [chat, prompt])
-    prompt.submit(respond, [prompt, chat, system, *gen], [chat, prompt])
+    send.click(respond, [prompt, chat, system, tools, *gen], [chat, prompt])
+    prompt.submit(respond, [prompt, chat, system, tools, *gen], [chat, prompt])
     clear.click(lambda: ([], ""), None, [chat, prompt])
+
+
+def parse_tools(text: str | None) -> list[dict] | None:
+    """The tools box: empty, or a JSON list of function schemas (UsageError naming the fault)."""
+    from swiftlite.data.tools import BadRow, normalize_tools
+    from swiftlite.errors import UsageError
+    if not (text or "").strip():
+        return None
+    try:
+        return normalize_tools(text)
+    except BadRow as e:
+        raise UsageError(f"tools: {e}") from None
 
 
 def _text(content) -> str:

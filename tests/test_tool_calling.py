@@ -1,0 +1,71 @@
+"""Tool-calling SFT end to end on tiny-qwen2.5 (the official Qwen2.5-Instruct template), and
+checkpoints and merged models that keep the model's own chat template byte for byte."""
+import json
+
+import pytest
+from transformers import AutoTokenizer
+
+from conftest import run_cli, write_jsonl
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+CITIES = ["Paris", "Rome", "Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi"]
+
+
+def tool_rows():
+    return [{"tools": [WEATHER], "messages": [
+        {"role": "user", "content": f"What is the weather in {c}?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}]}]}
+        for c in CITIES]
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen25():
+    from swiftlite.models.builtin import build
+    return build("tiny-qwen2.5")
+
+
+@pytest.mark.slow
+def test_sft_teaches_a_tool_call_that_infer_parses(tmp_path, tiny_qwen25):
+    data = write_jsonl(tmp_path / "tools.jsonl", tool_rows())
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([WEATHER]))
+    run_cli("sft", "--model", "tiny-qwen2.5", "--train_type", "full", "--dataset", data + "#64",
+            "--max_steps", "100", "--per_device_train_batch_size", "8",
+            "--gradient_accumulation_steps", "1", "--learning_rate", "1e-2",
+            "--save_steps", "100", "--torch_dtype", "float32", "--report_to", "none",
+            "--output_dir", tmp_path / "out")
+    (run,) = (tmp_path / "out").iterdir()
+    ckpt = run / "checkpoint-100"
+    own = AutoTokenizer.from_pretrained(tiny_qwen25).chat_template
+    assert AutoTokenizer.from_pretrained(ckpt).chat_template == own
+    args = json.loads((run / "args.json").read_text())
+    assert args["template"] == "model" and args["loss_scale"] == "default"
+    r = run_cli("infer", "--ckpt_dir", ckpt, "--query", "What is the weather in Madrid?",
+                "--tools", tools, "--max_new_tokens", "40")
+    reply = json.loads(r.stdout.strip().splitlines()[-1])
+    (call,) = reply["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city"}
+
+
+@pytest.mark.slow
+def test_checkpoint_and_merged_model_keep_the_models_own_template(tmp_path, tiny_qwen25):
+    import swiftlite
+    data = write_jsonl(tmp_path / "tools.jsonl", tool_rows())
+    own = AutoTokenizer.from_pretrained(tiny_qwen25).chat_template
+    for system in (None, "You are Swifty."):
+        run = swiftlite.sft(model="tiny-qwen2.5", dataset=[data], max_steps=1, save_steps=1,
+                            system=system, report_to="none", output_dir=str(tmp_path / "o"))
+        merged = swiftlite.merge_lora(ckpt_dir=run.last_checkpoint, verify=False)
+        for folder in (run.last_checkpoint, merged):
+            tok = AutoTokenizer.from_pretrained(folder)
+            if system is None:
+                assert tok.chat_template == own  # byte for byte
+            else:  # the saved template renders what was trained: the --system prompt
+                text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+                assert text.startswith("<|im_start|>system\nYou are Swifty.<|im_end|>")
+                assert tok.chat_template.endswith(own)
