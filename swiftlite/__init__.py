@@ -4,6 +4,7 @@ Python API (the same arguments as the CLI):
     swiftlite.sft(model="SmolLM2-135M-Instruct", dataset=["self-cognition#500"], ...)
     swiftlite.merge_lora(ckpt_dir="output/.../checkpoint-50")
     swiftlite.infer(ckpt_dir=..., messages=[...])
+    swiftlite.deploy(ckpt_dir=..., adapters=["name=path"], port=8000)   # serves until stopped
     swiftlite.get_template(None, tokenizer).encode(messages, tools)  # the model's own template
 Heavy libraries are imported only when a function is called.
 """
@@ -15,6 +16,7 @@ _LAZY = {
     "get_template": ("swiftlite.data.template", "get_template"),
     "merge_lora": ("swiftlite.pipelines.merge", "merge_lora"),
     "infer": ("swiftlite.pipelines.infer", "infer"),
+    "deploy": ("swiftlite.pipelines.deploy", "deploy"),
     "SwiftliteError": ("swiftlite.errors", "SwiftliteError"),
     "UsageError": ("swiftlite.errors", "UsageError"),
 }

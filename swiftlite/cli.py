@@ -15,12 +15,14 @@ COMMANDS = {
     "merge-lora": ("swiftlite.pipelines.merge:main", "merge a LoRA checkpoint into a plain model"),
     "infer": ("swiftlite.pipelines.infer:main", "chat with a model or checkpoint, or batch-infer a "
                                                 "dataset"),
+    "deploy": ("swiftlite.pipelines.deploy:main", "serve a model or checkpoints with an "
+                                                  "OpenAI-compatible API"),
     "estimate": ("swiftlite.pipelines.estimate:main", "estimate training memory per GPU for each "
                                                       "DeepSpeed stage"),
     "web-ui": ("swiftlite.webui.app:main", "start the Gradio Web-UI"),
 }
 # Commands that run a model: worth tcmalloc's lower peak memory (see runtime/allocator.py).
-ALLOCATOR_COMMANDS = ("sft", "infer", "merge-lora")
+ALLOCATOR_COMMANDS = ("sft", "infer", "merge-lora", "deploy")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,26 @@ def test_sft_teaches_a_tool_call_that_infer_parses(tmp_path, tiny_qwen25):
     (call,) = reply["tool_calls"]
     assert call["type"] == "function" and call["function"]["name"] == "get_weather"
     assert set(json.loads(call["function"]["arguments"])) == {"city"}
+    # The same checkpoint behind swiftlite deploy answers with OpenAI tool_calls.
+    openai = pytest.importorskip("openai")
+    from test_deploy import start_server
+    proc, port, _ = start_server("--ckpt_dir", ckpt)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+        kw = dict(model="checkpoint-100", temperature=0, max_tokens=40, tools=[WEATHER],
+                  messages=[{"role": "user", "content": "What is the weather in Madrid?"}])
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].finish_reason == "tool_calls"
+        (served,) = r.choices[0].message.tool_calls
+        assert served.function.name == "get_weather"
+        assert served.function.arguments == call["function"]["arguments"]  # same as infer
+        chunks = list(client.chat.completions.create(stream=True, **kw))
+        streamed = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
+        assert [t.function.arguments for t in streamed] == [served.function.arguments]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.mark.slow

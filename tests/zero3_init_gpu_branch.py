@@ -31,3 +31,9 @@ held = {"rank": int(os.environ["RANK"]), "world": int(os.environ["WORLD_SIZE"]),
         "full_numel": sum(p.ds_numel for p in params)}
 with open(os.path.join(out_dir, f"rank{held['rank']}.json"), "w") as f:
     json.dump(held, f)
+# End the process group before the interpreter's teardown: left to it, gloo's threads can
+# abort a finished rank ("terminate called without an active exception"), as cli.py notes.
+import torch.distributed as dist  # noqa: E402
+if dist.is_initialized():
+    dist.barrier()
+    dist.destroy_process_group()

@@ -275,6 +275,53 @@ class InferArguments(ModelArguments, GenerationArguments):
 
 
 @dataclass
+class DeployArguments(ModelArguments):
+    """Arguments of `swiftlite deploy`."""
+    ckpt_dir: Optional[str] = arg(None, "a LoRA checkpoint (served over its base model) or a "
+                                  "merged model folder", group="model")
+    adapters: list[str] = arg(help="more LoRA adapters over the same base, as name=path; a "
+                              "request's model picks one (the base model by its own name)",
+                              factory=list, group="model")
+    served_model_name: Optional[str] = arg(None, "the model name clients use for --ckpt_dir / "
+                                           "--model (default: the folder's or alias's name)",
+                                           group="deploy")
+    host: str = arg("127.0.0.1", "address to listen on (loopback by default)", group="deploy")
+    port: int = arg(8000, "port to listen on", group="deploy")
+    api_key: Optional[str] = arg(None, "require Authorization: Bearer KEY (also from the "
+                                 "SWIFTLITE_API_KEY environment variable; never logged or "
+                                 "saved)", group="deploy")
+    allow_remote_without_key: bool = arg(False, "serve a non-loopback --host without an API key "
+                                         "(anyone who reaches the port can use the model)",
+                                         group="deploy")
+    max_batch_size: int = arg(8, "requests generated together in one batch", group="deploy")
+    max_queue_size: int = arg(64, "requests waiting at most; more are answered 429",
+                              group="deploy")
+    infer_backend: str = arg("pt", "pt: transformers in this process", choices=("pt",),
+                             group="deploy")
+
+    def validate(self) -> "DeployArguments":
+        problems = []
+        if not self.ckpt_dir and not self.model:
+            problems.append("give --ckpt_dir (a checkpoint or merged folder) or --model")
+        if self.ckpt_dir and not os.path.isdir(self.ckpt_dir):
+            problems.append(f"--ckpt_dir {self.ckpt_dir}: no such folder")
+        for a in self.adapters:
+            name, sep, path = a.partition("=")
+            if not sep or not name or not path:
+                problems.append(f"--adapters {a}: write name=path")
+            elif not os.path.isfile(os.path.join(path, "adapter_config.json")):
+                problems.append(f"--adapters {a}: {path} is not a LoRA checkpoint (no "
+                                "adapter_config.json)")
+        problems += _check_choices(self)
+        for name in ("max_batch_size", "max_queue_size", "port"):
+            if getattr(self, name) <= 0:
+                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
+        if problems:
+            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        return self
+
+
+@dataclass
 class MergeArguments:
     """Arguments of `swiftlite merge-lora`."""
     ckpt_dir: Optional[str] = arg(None, "the LoRA checkpoint folder to merge", group="model")

@@ -1,0 +1,196 @@
+"""swiftlite deploy: a real server (the CLI, in a child process) driven by the official openai
+client, over tiny-qwen2 with two LoRA adapters of the shared tiny run."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import run_cli
+
+openai = pytest.importorskip("openai")
+KEY = "sk-test-secret-123"
+HI = [{"role": "user", "content": "What is 2+2?"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*flags, env=None):
+    port = free_port()
+    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"deploy-{port}.log"), "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "swiftlite.cli", "deploy", "--port", str(port),
+                             *map(str, flags)], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc, port, log
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    log.seek(0)
+    proc.kill()
+    raise AssertionError("the server did not start:\n" + log.read()[-4000:])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run):
+    ckpts = sorted(os.listdir(tiny_run.output_dir))
+    a = os.path.join(tiny_run.output_dir, "checkpoint-4")
+    b = os.path.join(tiny_run.output_dir, "checkpoint-8")
+    assert {"checkpoint-4", "checkpoint-8"} <= set(ckpts)
+    proc, port, log = start_server("--model", "tiny-qwen2", "--adapters", f"a={a}", f"b={b}",
+                                   "--torch_dtype", "float32", env={"SWIFTLITE_API_KEY": KEY})
+    yield {"url": f"http://127.0.0.1:{port}/v1", "proc": proc, "a": a, "b": b, "log": log}
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.seek(0)
+    assert KEY not in log.read()  # the key is never logged
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server["url"], api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def references(server):
+    """Greedy answers of swiftlite's own engine (what `swiftlite infer` prints)."""
+    from swiftlite.inference.engine import InferEngine
+    out = {}
+    for name in ("tiny-qwen2", "a", "b"):
+        engine = InferEngine.load(ckpt_dir=server.get(name), model=name if name not in server
+                                  else None, torch_dtype="float32")
+        out[name] = engine.chat(HI, max_new_tokens=24)
+        out[name + "_prompt_tokens"] = len(engine.encode(HI))
+        engine.unload()
+    return out
+
+
+@pytest.mark.slow
+def test_models_and_adapters_answer_like_swiftlite_infer(client, references):
+    assert {m.id for m in client.models.list().data} == {"tiny-qwen2", "a", "b"}
+    for name in ("tiny-qwen2", "a", "b"):
+        r = client.chat.completions.create(model=name, messages=HI, max_tokens=24, temperature=0)
+        assert r.choices[0].message.content == references[name]
+        assert r.usage.prompt_tokens == references[name + "_prompt_tokens"]
+        assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+        if r.choices[0].finish_reason == "length":
+            assert r.usage.completion_tokens == 24
+    # The request's model picks the adapter: the base model answers differently.
+    assert references["tiny-qwen2"] != references["b"]
+
+
+@pytest.mark.slow
+def test_stream_stop_seed_and_n(client):
+    full = client.chat.completions.create(model="b", messages=HI, max_tokens=24, temperature=0)
+    text = full.choices[0].message.content
+    chunks = list(client.chat.completions.create(model="b", messages=HI, max_tokens=24,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    joined = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert joined == text
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert stop
+    cut = client.chat.completions.create(model="b", messages=HI, max_tokens=24, temperature=0,
+                                         stop=[stop])
+    assert cut.choices[0].message.content == text[:text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    kw = dict(model="b", messages=HI, max_tokens=16, temperature=1.0)
+    s1 = client.chat.completions.create(seed=7, **kw).choices[0].message.content
+    s2 = client.chat.completions.create(seed=7, **kw).choices[0].message.content
+    s3 = client.chat.completions.create(seed=8, **kw).choices[0].message.content
+    assert s1 == s2 and s1 != s3
+    many = client.chat.completions.create(n=3, seed=1, **kw)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    raw = client.completions.create(model="tiny-qwen2", prompt="Hello", max_tokens=5,
+                                    temperature=0)
+    assert raw.usage.prompt_tokens == 1 and raw.choices[0].finish_reason in ("length", "stop")
+
+
+def _post(server, body, key=KEY, raw=None):
+    req = urllib.request.Request(server["url"] + "/chat/completions",
+                                 data=raw if raw is not None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body,key,status,words", [
+    (None, KEY, 400, "not valid JSON"),
+    ({"model": "b", "messages": HI, "temperature": 9}, KEY, 400, "temperature"),
+    ({"model": "b", "messages": HI, "max_tokens": 0}, KEY, 400, "max_tokens"),
+    ({"model": "b", "messages": []}, KEY, 400, "messages"),
+    ({"model": "b", "messages": [{"role": "assistant", "content": "x"}]}, KEY, 400, "user"),
+    ({"model": "b", "messages": HI, "tool_choice": "required",
+      "tools": [{"type": "function", "function": {"name": "f"}}]}, KEY, 400, "tool_choice"),
+    ({"model": "nope", "messages": HI}, KEY, 404, "not served"),
+    ({"model": "b", "messages": HI}, None, 401, "API key"),
+    ({"model": "b", "messages": HI}, "sk-wrong", 401, "API key"),
+])
+def test_bad_requests_get_openai_shaped_errors(server, body, key, status, words):
+    code, reply = _post(server, body, key, raw=b"{bad" if body is None else None)
+    assert code == status
+    err = reply["error"]
+    assert words in err["message"] and set(err) == {"message", "type", "param", "code"}
+    assert "Traceback" not in json.dumps(reply)
+
+
+@pytest.mark.slow
+def test_load_64_streaming_clients_some_leaving(server, client):
+    import psutil
+    proc = psutil.Process(server["proc"].pid)
+    want = client.chat.completions.create(model="b", messages=HI, max_tokens=12,
+                                          temperature=0).choices[0].message.content
+    rss_before = proc.memory_info().rss
+    results, errors = [], []
+
+    def one(k):
+        c = openai.OpenAI(base_url=server["url"], api_key=KEY, max_retries=0, timeout=300)
+        try:
+            for r in range(2):
+                stream = c.chat.completions.create(model="b", messages=HI, max_tokens=12,
+                                                   temperature=0, stream=True)
+                if k % 4 == 0 and r == 0:  # a quarter leave mid-stream
+                    next(iter(stream))
+                    stream.close()
+                    continue
+                text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+                results.append((k, r, text))
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    assert not errors, errors[:3]
+    assert len(results) == 64 * 2 - 16 and len(set((k, r) for k, r, _ in results)) == len(results)
+    assert all(text == want for _, _, text in results)
+    assert proc.memory_info().rss - rss_before < 500 * 2 ** 20
+    again = client.chat.completions.create(model="b", messages=HI, max_tokens=12, temperature=0)
+    assert again.choices[0].message.content == want
+
+
+def test_a_remote_host_without_a_key_is_refused(tiny_qwen2):
+    r = run_cli("deploy", "--model", "tiny-qwen2", "--host", "0.0.0.0", check=False,
+                env={"SWIFTLITE_API_KEY": ""})
+    assert r.returncode == 2 and "--api_key" in r.stderr and "Traceback" not in r.stderr
