@@ -162,10 +162,9 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
             problems.append("--dataset is required (a file, or a built-in such as "
                             "self-cognition#500)")
         problems += _check_choices(self)
-        for name in ("lora_rank", "lora_alpha", "max_length", "per_device_train_batch_size",
-                     "logging_steps", "save_steps"):
-            if getattr(self, name) <= 0:
-                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
+        problems += _not_positive(self, ("lora_rank", "lora_alpha", "max_length",
+                                         "per_device_train_batch_size", "logging_steps",
+                                         "save_steps"))
         if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
             problems.append("--gradient_accumulation_steps must be at least 1")
         if not 0 <= self.split_dataset_ratio < 1:
@@ -188,9 +187,19 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
         if self.resume_from_checkpoint and not os.path.isdir(self.resume_from_checkpoint):
             problems.append(f"--resume_from_checkpoint {self.resume_from_checkpoint}: no such "
                             "folder")
-        if problems:
-            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        _raise_if(problems)
         return self
+
+
+def _not_positive(obj, names) -> list[str]:
+    return [f"--{n} must be a positive number, got {getattr(obj, n)}" for n in names
+            if getattr(obj, n) <= 0]
+
+
+def _raise_if(problems: list[str]) -> None:
+    """One UsageError listing every problem found, so a user fixes them all at once."""
+    if problems:
+        raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
 
 
 def _check_choices(obj) -> list[str]:
@@ -254,9 +263,7 @@ class InferArguments(ModelArguments, GenerationArguments):
             problems.append("give --query or --val_dataset, not both")
 
         problems += _check_choices(self)
-        for name in ("max_new_tokens", "max_batch_size"):
-            if getattr(self, name) <= 0:
-                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
+        problems += _not_positive(self, ("max_new_tokens", "max_batch_size"))
         if self.temperature < 0:
             problems.append(f"--temperature must be 0 or more, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -266,8 +273,7 @@ class InferArguments(ModelArguments, GenerationArguments):
         if self.repetition_penalty <= 0:
             problems.append(f"--repetition_penalty must be positive, got "
                             f"{self.repetition_penalty}")
-        if problems:
-            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        _raise_if(problems)
         return self
 
     def generation_kwargs(self) -> dict:
@@ -313,11 +319,8 @@ class DeployArguments(ModelArguments):
                 problems.append(f"--adapters {a}: {path} is not a LoRA checkpoint (no "
                                 "adapter_config.json)")
         problems += _check_choices(self)
-        for name in ("max_batch_size", "max_queue_size", "port"):
-            if getattr(self, name) <= 0:
-                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
-        if problems:
-            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        problems += _not_positive(self, ("max_batch_size", "max_queue_size", "port"))
+        _raise_if(problems)
         return self
 
 
@@ -354,8 +357,7 @@ class MergeArguments:
             parse_size(self.max_shard_size)
         except ValueError as e:
             problems.append(f"--max_shard_size: {e}")
-        if problems:
-            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        _raise_if(problems)
         return self
 
 
@@ -397,11 +399,8 @@ class EstimateArguments:
             problems.append("--model is required (an alias such as Qwen2-1.5B-Instruct, a model "
                             "folder or a config.json)")
         problems += _check_choices(self)
-        for name in ("gpus", "nodes", "lora_rank", "max_length", "batch_size"):
-            if getattr(self, name) <= 0:
-                problems.append(f"--{name} must be a positive number, got {getattr(self, name)}")
+        problems += _not_positive(self, ("gpus", "nodes", "lora_rank", "max_length", "batch_size"))
         if not 0 <= self.lora_dropout < 1:
             problems.append(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if problems:
-            raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+        _raise_if(problems)
         return self
