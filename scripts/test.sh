@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# vLLM's CPU build in a venv of its own, for the --infer_backend vllm tests (about a minute;
+# SWIFTLITE_SKIP_VLLM=1 leaves it out and those tests skip, saying so).
+[ "${SWIFTLITE_SKIP_VLLM:-0}" = 1 ] || bash scripts/setup_vllm.sh \
+  || echo "scripts/setup_vllm.sh failed: the vLLM tests will skip"
 # The Web-UI tests drive Debian's Chromium through Playwright (Playwright's own browser
 # download is not reachable offline); tcmalloc is the allocator swiftlite preloads when present
 # (lower peak memory, see swiftlite/runtime/allocator.py), and its tests need it.

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -76,3 +79,86 @@ def tiny_run(tmp_path_factory, tiny_qwen2, chat_jsonl):
                          learning_rate=2e-2, save_steps=4, logging_steps=1,
                          # fp32 even on a bf16 CPU: the merge tests check logits to 1e-4
                          torch_dtype="float32", output_dir=str(out))  # default report_to: tensorboard (runs/)
+
+
+# -- servers (swiftlite deploy in a child process) -----------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*flags, env=None, wait_s=120):
+    """`swiftlite deploy ... --port P` in a child process, once /health answers:
+    (process, port, log file)."""
+    port = free_port()
+    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"deploy-{port}.log"), "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "swiftlite.cli", "deploy", "--port", str(port),
+                             *map(str, flags)], stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc, port, log
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    log.seek(0)
+    proc.kill()
+    raise AssertionError("the server did not start:\n" + log.read()[-4000:])
+
+
+def stop_server(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+# vLLM lives in a venv of its own (scripts/setup_vllm.sh; CI makes it).
+VLLM_PYTHON = os.environ.get("SWIFTLITE_VLLM_PYTHON") or os.path.join(REPO, ".venv-vllm", "bin",
+                                                                       "python")
+needs_vllm = pytest.mark.skipif(not os.path.exists(VLLM_PYTHON),
+                                reason="no vLLM venv: run bash scripts/setup_vllm.sh")
+# vLLM's CPU build reserves its KV cache up front (default 4 GiB); tiny models need little.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# Eager: vLLM's torch.compile warm-up takes about 50 s per model on 2 cores.
+VLLM_FLAGS = ("--vllm_args=--enforce-eager", "--max_model_len", "1024")
+
+
+# -- SmolLM2 self-cognition adapters ---------------------------------------------------------------
+# The README's self-cognition demo: the smallest run after which SmolLM2 answers with its new
+# name (measured: docs/performance.md). Keep in step with the README.
+SELF_COGNITION_RECIPE = [
+    "--model", "SmolLM2-135M-Instruct", "--dataset", "self-cognition#32",
+    "--model_author", "Acme",
+    "--max_steps", "4", "--per_device_train_batch_size", "8",
+    "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--warmup_ratio", "0",
+    "--lr_scheduler_type", "constant", "--report_to", "none"]
+
+
+@pytest.fixture(scope="session")
+def smollm2_cognition(tmp_path_factory, smollm2) -> dict:
+    """Two SmolLM2 LoRA checkpoints that learned a name each: {"Swifty": dir, "Robin": dir}."""
+    out = {}
+    # Swifty is the README's recipe; "Robin" is not learned in 4 steps (SmolLM2 says "Alex").
+    for name, steps in (("Swifty", "4"), ("Robin", "8")):
+        run = tmp_path_factory.mktemp(f"cognition_{name}")
+        recipe = list(SELF_COGNITION_RECIPE)
+        recipe[recipe.index("--max_steps") + 1] = steps
+        run_cli("sft", *recipe, "--model_name", name, "--output_dir", run, "--add_version",
+                "false")
+        out[name] = str(run / f"checkpoint-{steps}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_merged(smollm2_cognition):
+    """Swifty merged into SmolLM2: (folder, merge-lora's stdout)."""
+    ckpt = smollm2_cognition["Swifty"]
+    r = run_cli("merge-lora", "--ckpt_dir", ckpt)
+    return ckpt + "-merged", r.stdout

@@ -2,45 +2,17 @@
 client, over tiny-qwen2 with two LoRA adapters of the shared tiny run."""
 import json
 import os
-import socket
-import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, start_server, stop_server
 
 openai = pytest.importorskip("openai")
 KEY = "sk-test-secret-123"
 HI = [{"role": "user", "content": "What is 2+2?"}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*flags, env=None):
-    port = free_port()
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"deploy-{port}.log"), "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "swiftlite.cli", "deploy", "--port", str(port),
-                             *map(str, flags)], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc, port, log
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-    log.seek(0)
-    proc.kill()
-    raise AssertionError("the server did not start:\n" + log.read()[-4000:])
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +166,44 @@ def test_a_remote_host_without_a_key_is_refused(tiny_qwen2):
     r = run_cli("deploy", "--model", "tiny-qwen2", "--host", "0.0.0.0", check=False,
                 env={"SWIFTLITE_API_KEY": ""})
     assert r.returncode == 2 and "--api_key" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_vllm_backend_missing_or_misused_says_what_to_do(tiny_qwen2, tmp_path):
+    """This venv has no vLLM (it lives in .venv-vllm): the message says how to get it."""
+    r = run_cli("deploy", "--model", "tiny-qwen2", "--infer_backend", "vllm", check=False,
+                env={"SWIFTLITE_VLLM_PYTHON": ""})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "vLLM is not installed" in r.stderr and "--vllm_python" in r.stderr
+    r = run_cli("deploy", "--model", "tiny-qwen2", "--infer_backend", "vllm", "--vllm_python",
+                sys.executable, check=False)
+    assert r.returncode == 2 and "vLLM does not import there" in r.stderr
+    r = run_cli("deploy", "--model", "tiny-qwen2", "--tensor_parallel_size", "2",
+                "--max_model_len", "512", check=False)
+    assert r.returncode == 2 and "--tensor_parallel_size needs --infer_backend vllm" in r.stderr
+    assert "--max_model_len is a vLLM setting" in r.stderr
+
+
+@pytest.mark.slow
+def test_smollm2_two_self_cognition_adapters_from_one_server(smollm2_cognition):
+    """One pt server, SmolLM2 with two LoRA adapters: each answers with its own name, the base
+    with neither; greedy answers equal `swiftlite infer` on the same checkpoint."""
+    from swiftlite.inference.engine import InferEngine
+    who = [{"role": "user", "content": "Who are you?"}]
+    proc, port, _ = start_server("--ckpt_dir", smollm2_cognition["Swifty"], "--served_model_name",
+                                 "swifty", "--adapters", f"robin={smollm2_cognition['Robin']}")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0)
+        assert {m.id for m in client.models.list()} == {"swifty", "robin",
+                                                        "SmolLM2-135M-Instruct"}
+        answers = {m: client.chat.completions.create(model=m, messages=who, max_tokens=24,
+                                                     temperature=0).choices[0].message.content
+                   for m in ("swifty", "robin", "SmolLM2-135M-Instruct")}
+    finally:
+        stop_server(proc)
+    assert "Swifty" in answers["swifty"] and "Robin" not in answers["swifty"]
+    assert "Robin" in answers["robin"] and "Swifty" not in answers["robin"]
+    base = answers["SmolLM2-135M-Instruct"]
+    assert "Swifty" not in base and "Robin" not in base
+    engine = InferEngine.load(ckpt_dir=smollm2_cognition["Robin"])
+    assert engine.chat(who, max_new_tokens=24) == answers["robin"]

@@ -206,24 +206,12 @@ def test_bad_input_gets_clear_messages(tmp_path, capsys, tiny_run):
                                                       "-1", "--query", "hi")
 
 
-# The README's self-cognition demo: the smallest run after which SmolLM2 answers with its new
-# name (measured: docs/performance.md). Keep in step with the README.
-SELF_COGNITION_RECIPE = [
-    "--model", "SmolLM2-135M-Instruct", "--dataset", "self-cognition#32",
-    "--model_name", "Swifty", "--model_author", "Acme",
-    "--max_steps", "4", "--per_device_train_batch_size", "8",
-    "--gradient_accumulation_steps", "1", "--learning_rate", "2e-3", "--warmup_ratio", "0",
-    "--lr_scheduler_type", "constant", "--report_to", "none"]
-
-
 @pytest.mark.slow
-def test_smollm2_self_cognition_adapter_and_merged(smollm2, tmp_path):
+def test_smollm2_self_cognition_adapter_and_merged(smollm2_cognition, smollm2_merged):
     """A short self-cognition LoRA run; then `swiftlite infer` on the adapter and on the merged
     model both answer "Who are you?" with the new name."""
     import re
-    run_cli("sft", *SELF_COGNITION_RECIPE, "--output_dir", tmp_path / "out", "--add_version",
-            "false")
-    ckpt = str(tmp_path / "out" / "checkpoint-4")
+    ckpt = smollm2_cognition["Swifty"]
     before = swiftlite.infer(model="SmolLM2-135M-Instruct", query="Who are you?",
                              max_new_tokens=24)
     assert "Swifty" not in before  # the base model does not know the name
@@ -231,8 +219,8 @@ def test_smollm2_self_cognition_adapter_and_merged(smollm2, tmp_path):
     assert "Swifty" in r.stdout, r.stdout
     # Saved in the training dtype (bf16 on CPUs with AMX): the printed logit difference then
     # includes 16-bit rounding; the fp32 merge itself is checked on tiny-qwen2 (test_merge).
-    m = run_cli("merge-lora", "--ckpt_dir", ckpt)
-    assert re.search(r"adapter vs merged: (\S+)", m.stdout)
-    r2 = run_cli("infer", "--ckpt_dir", ckpt + "-merged", "--query", "Who are you?",
+    merged, merge_stdout = smollm2_merged
+    assert re.search(r"adapter vs merged: (\S+)", merge_stdout)
+    r2 = run_cli("infer", "--ckpt_dir", merged, "--query", "Who are you?",
                  "--max_new_tokens", 24)
     assert "Swifty" in r2.stdout, r2.stdout

@@ -5,7 +5,10 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import run_cli, write_jsonl
+from conftest import (VLLM_ENV, VLLM_FLAGS, VLLM_PYTHON, needs_vllm, run_cli, start_server, stop_server,
+                      write_jsonl)
+
+openai = pytest.importorskip("openai")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city",
@@ -28,8 +31,10 @@ def tiny_qwen25():
     return build("tiny-qwen2.5")
 
 
-@pytest.mark.slow
-def test_sft_teaches_a_tool_call_that_infer_parses(tmp_path, tiny_qwen25):
+@pytest.fixture(scope="module")
+def tool_run(tmp_path_factory, tiny_qwen25):
+    """tiny-qwen2.5, fully fine-tuned until it calls get_weather: (run folder, tools.json)."""
+    tmp_path = tmp_path_factory.mktemp("tool_run")
     data = write_jsonl(tmp_path / "tools.jsonl", tool_rows())
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps([WEATHER]))
@@ -39,6 +44,12 @@ def test_sft_teaches_a_tool_call_that_infer_parses(tmp_path, tiny_qwen25):
             "--save_steps", "100", "--torch_dtype", "float32", "--report_to", "none",
             "--output_dir", tmp_path / "out")
     (run,) = (tmp_path / "out").iterdir()
+    return run, tools
+
+
+@pytest.mark.slow
+def test_sft_teaches_a_tool_call_that_infer_parses(tool_run, tiny_qwen25):
+    run, tools = tool_run
     ckpt = run / "checkpoint-100"
     own = AutoTokenizer.from_pretrained(tiny_qwen25).chat_template
     assert AutoTokenizer.from_pretrained(ckpt).chat_template == own
@@ -51,8 +62,6 @@ def test_sft_teaches_a_tool_call_that_infer_parses(tmp_path, tiny_qwen25):
     assert call["type"] == "function" and call["function"]["name"] == "get_weather"
     assert set(json.loads(call["function"]["arguments"])) == {"city"}
     # The same checkpoint behind swiftlite deploy answers with OpenAI tool_calls.
-    openai = pytest.importorskip("openai")
-    from test_deploy import start_server
     proc, port, _ = start_server("--ckpt_dir", ckpt)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
@@ -68,8 +77,33 @@ def test_sft_teaches_a_tool_call_that_infer_parses(tmp_path, tiny_qwen25):
         assert [t.function.arguments for t in streamed] == [served.function.arguments]
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_server(proc)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_backend_returns_the_same_tool_call(tool_run):
+    """--infer_backend vllm sets vLLM's hermes parser for Qwen2.5's template: the same call."""
+    run, tools = tool_run
+    ckpt = run / "checkpoint-100"
+    r = run_cli("infer", "--ckpt_dir", ckpt, "--query", "What is the weather in Madrid?",
+                "--tools", tools, "--max_new_tokens", "40")
+    (want,) = json.loads(r.stdout.strip().splitlines()[-1])["tool_calls"]
+    proc, port, _ = start_server("--ckpt_dir", ckpt, "--infer_backend", "vllm", "--vllm_python",
+                                 VLLM_PYTHON, *VLLM_FLAGS, env=VLLM_ENV,
+                                 wait_s=300)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0, timeout=120)
+        r = client.chat.completions.create(
+            model="checkpoint-100", temperature=0, max_tokens=40, tools=[WEATHER],
+            messages=[{"role": "user", "content": "What is the weather in Madrid?"}])
+        assert r.choices[0].finish_reason == "tool_calls"
+        (call,) = r.choices[0].message.tool_calls
+        assert call.function.name == want["function"]["name"]
+        assert json.loads(call.function.arguments) == json.loads(want["function"]["arguments"])
+    finally:
+        stop_server(proc)
 
 
 @pytest.mark.slow

@@ -302,8 +302,17 @@ class DeployArguments(ModelArguments):
     max_batch_size: int = arg(8, "requests generated together in one batch", group="deploy")
     max_queue_size: int = arg(64, "requests waiting at most; more are answered 429",
                               group="deploy")
-    infer_backend: str = arg("pt", "pt: transformers in this process", choices=("pt",),
-                             group="deploy")
+    infer_backend: str = arg("pt", "pt: transformers in this process; vllm: vLLM's OpenAI "
+                             "server, set up with this checkpoint's template, names and "
+                             "tool-call parser", choices=("pt", "vllm"), group="deploy")
+    vllm_python: Optional[str] = arg(None, "the Python that has vLLM, when it lives in its own "
+                                     "venv (also SWIFTLITE_VLLM_PYTHON; default: this one)",
+                                     group="vllm")
+    tensor_parallel_size: int = arg(1, "GPUs one vLLM model is split over", group="vllm")
+    max_model_len: Optional[int] = arg(None, "longest prompt + answer vLLM plans its KV cache "
+                                       "for (default: the model's)", group="vllm")
+    vllm_args: Optional[str] = arg(None, "more vLLM server flags, as one string, e.g. "
+                                   "'--enforce-eager --gpu-memory-utilization 0.8'", group="vllm")
 
     def validate(self) -> "DeployArguments":
         problems = []
@@ -319,7 +328,15 @@ class DeployArguments(ModelArguments):
                 problems.append(f"--adapters {a}: {path} is not a LoRA checkpoint (no "
                                 "adapter_config.json)")
         problems += _check_choices(self)
-        problems += _not_positive(self, ("max_batch_size", "max_queue_size", "port"))
+        problems += _not_positive(self, ("max_batch_size", "max_queue_size", "port",
+                                         "tensor_parallel_size"))
+        if self.max_model_len is not None:
+            problems += _not_positive(self, ("max_model_len",))
+        if self.infer_backend == "pt":
+            problems += [f"--{k} is a vLLM setting; add --infer_backend vllm" for k in (
+                "vllm_python", "max_model_len", "vllm_args") if getattr(self, k) is not None]
+            if self.tensor_parallel_size != 1:
+                problems.append("--tensor_parallel_size needs --infer_backend vllm")
         _raise_if(problems)
         return self
 

@@ -56,13 +56,18 @@ TINY_QWEN2_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layer
                          max_position_embeddings=4096, tie_word_embeddings=True,
                          rope_theta=1000000.0, bos_token_id=151643, eos_token_id=151645,
                          pad_token_id=151643)
+HEADS_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # hidden 64 / 2 heads
 
-BUILDERS_VERSION = "1"  # bump to rebuild cached models after a builder change
+# Bump an alias's version to rebuild its cached model after a change to its builder.
+# 2: tiny-qwen2.5 and tiny-qwen3 have 32-dim attention heads, the smallest vLLM's CPU
+# attention takes (it rejects head_dim=16 at the first request).
+BUILDER_VERSIONS = {"SmolLM2-135M-Instruct": "1", "tiny-qwen2": "1", "tiny-qwen2.5": "2",
+                    "tiny-qwen3": "2"}
 
 
 def build(alias: str, progress: bool = True) -> str:
     """Local folder of a built-in model, building it on first use."""
-    target = os.path.join(cache_dir("models"), f"{alias}-v{BUILDERS_VERSION}")
+    target = os.path.join(cache_dir("models"), f"{alias}-v{BUILDER_VERSIONS[alias]}")
     if os.path.exists(os.path.join(target, "config.json")):
         return target
     builder = {"SmolLM2-135M-Instruct": _build_smollm2, "tiny-qwen2": _build_tiny_qwen2,
@@ -168,13 +173,14 @@ def _build_tiny_qwen2(out: str) -> None:
 def _build_tiny_qwen25(out: str) -> None:
     from transformers import Qwen2Config, Qwen2ForCausalLM
     _build_tiny(out, "Qwen2.5", lambda: qwen2_tokenizer(QWEN25_ADDED, chat_template("Qwen2.5-Instruct")),
-                lambda: Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2_CONFIG)))
+                lambda: Qwen2ForCausalLM(Qwen2Config(**{**TINY_QWEN2_CONFIG, **HEADS_32})))
 
 
 def _build_tiny_qwen3(out: str) -> None:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     _build_tiny(out, "Qwen3", lambda: qwen2_tokenizer(QWEN3_ADDED, chat_template("Qwen3")),
-                lambda: Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN2_CONFIG, head_dim=16)))
+                lambda: Qwen3ForCausalLM(Qwen3Config(**{**TINY_QWEN2_CONFIG, **HEADS_32},
+                                                     head_dim=32)))
 
 
 def _build_tiny(out: str, series: str, make_tokenizer, make_model) -> None:

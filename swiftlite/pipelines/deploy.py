@@ -3,6 +3,7 @@ over the same base, with an OpenAI-compatible API (inference/server).
 
   swiftlite deploy --ckpt_dir output/.../checkpoint-50            # -> http://127.0.0.1:8000/v1
   swiftlite deploy --model tiny-qwen2 --adapters a=ckpt_a b=ckpt_b
+  swiftlite deploy --ckpt_dir ... --infer_backend vllm [--vllm_python venv/bin/python]
 
 Safe by default: it listens on 127.0.0.1; another --host needs an --api_key (or
 --allow_remote_without_key true); the key is never logged or written anywhere.
@@ -34,34 +35,67 @@ def check_exposure(args: DeployArguments) -> None:
                          "pass --allow_remote_without_key true if that is what you want.")
 
 
-def load(args: DeployArguments):
-    """(engine, served names -> adapter name or None)."""
-    from swiftlite.inference.engine import InferEngine
+def served_names(args: DeployArguments, ckpt) -> dict[str, str | None]:
+    """Model names clients use -> the adapter folder each serves (None: the base model).
+    A LoRA checkpoint is served by its folder's name, and its base by the base's name."""
     from swiftlite.models.registry import model_name
-    overrides = {k: v for k, v in {"template": args.template, "torch_dtype": args.torch_dtype,
-                                   "trust_remote_code": args.trust_remote_code,
-                                   "attn_impl": args.attn_impl, "system": args.system}.items()
-                 if v is not None}
-    engine = InferEngine.load(args.ckpt_dir, args.model, **overrides)
-    ckpt = engine.ckpt
-    base_name = model_name(args.model or ckpt.model_dir)
     served: dict[str, str | None] = {}
     if ckpt.kind == "adapter":
-        served[args.served_model_name or os.path.basename(os.path.normpath(ckpt.path))] = "default"
-        served.setdefault(base_name, None)
+        served[args.served_model_name or os.path.basename(os.path.normpath(ckpt.path))] = \
+            ckpt.path
+        # the base by the name it was trained under (an alias), else its folder's name
+        served.setdefault(model_name(args.model or ckpt.run_args.get("model") or
+                                     ckpt.model_dir), None)
     else:
-        served[args.served_model_name or base_name] = None
+        served[args.served_model_name or model_name(args.model or ckpt.path)] = None
     for spec in args.adapters:
         name, _, path = spec.partition("=")
-        from peft import PeftModel
-        if isinstance(engine.model, PeftModel):
-            engine.model.load_adapter(path, adapter_name=name)
+        if name in served:
+            raise UsageError(f"--adapters {spec}: the name {name} is already served; pick "
+                             "another name.")
+        served[name] = path
+    return served
+
+
+def _overrides(args: DeployArguments) -> dict:
+    return {k: v for k, v in {"template": args.template, "torch_dtype": args.torch_dtype,
+                              "trust_remote_code": args.trust_remote_code,
+                              "attn_impl": args.attn_impl, "system": args.system}.items()
+            if v is not None}
+
+
+def load(args: DeployArguments):
+    """(engine, served names -> adapter name in the engine's PeftModel, or None)."""
+    from swiftlite.inference.engine import InferEngine
+    engine = InferEngine.load(args.ckpt_dir, args.model, **_overrides(args))
+    served: dict[str, str | None] = {}
+    for name, path in served_names(args, engine.ckpt).items():
+        if path is None:
+            served[name] = None
+        elif path == engine.ckpt.path:
+            served[name] = "default"  # the checkpoint's adapter, loaded with the model
         else:
-            engine.model = PeftModel.from_pretrained(engine.model, path, adapter_name=name)
-        engine.model.eval()
-        served[name] = name
-        info(f"adapter {name}: {path}")
+            from peft import PeftModel
+            if isinstance(engine.model, PeftModel):
+                engine.model.load_adapter(path, adapter_name=name)
+            else:
+                engine.model = PeftModel.from_pretrained(engine.model, path, adapter_name=name)
+            engine.model.eval()
+            served[name] = name
+            info(f"adapter {name}: {path}")
     return engine, served
+
+
+def serve_vllm(args: DeployArguments) -> int:
+    from swiftlite.inference.checkpoints import describe
+    from swiftlite.inference.server import vllm_backend
+    o = _overrides(args)
+    kw = {k: o[k] for k in ("template", "system", "torch_dtype") if k in o}
+    ckpt = describe(args.ckpt_dir, args.model, **kw)
+    served = served_names(args, ckpt)
+    info(f"serving {', '.join(served)} through vLLM at http://{args.host}:{args.port}/v1"
+         + (" (API key required)" if args.api_key else ""))
+    return vllm_backend.serve(args, ckpt, served)
 
 
 def deploy(args: DeployArguments | dict | None = None, **kwargs) -> None:
@@ -72,6 +106,11 @@ def deploy(args: DeployArguments | dict | None = None, **kwargs) -> None:
         args.api_key = os.environ["SWIFTLITE_API_KEY"]
     args.validate()
     check_exposure(args)
+    if args.infer_backend == "vllm":
+        code = serve_vllm(args)
+        if code not in (0, -2, -15):  # ended by Ctrl-C / SIGTERM
+            raise UsageError(f"vLLM's server exited with status {code} (its log is above).")
+        return
     import uvicorn
 
     from swiftlite.inference.server.app import create_app
