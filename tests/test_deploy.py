@@ -4,6 +4,7 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -61,6 +62,36 @@ def test_models_and_adapters_answer_like_swiftlite_infer(client, references):
             assert r.usage.completion_tokens == 24
     # The request's model picks the adapter: the base model answers differently.
     assert references["tiny-qwen2"] != references["b"]
+
+
+@pytest.mark.slow
+def test_a_request_joins_the_running_batch(client, references):
+    """Continuous batching: a request sent while a long answer streams is generated alongside
+    it and finishes first (queued behind it, it would start after its last token), and both
+    answers equal what each gives alone."""
+    long_alone = client.chat.completions.create(model="b", messages=HI, max_tokens=120,
+                                                temperature=0).choices[0].message.content
+    arrivals, pieces, started = [], [], threading.Event()
+
+    def read_long():
+        for chunk in client.chat.completions.create(model="b", messages=HI, max_tokens=120,
+                                                    temperature=0, stream=True):
+            pieces.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+            arrivals.append(time.monotonic())
+            if len(pieces) == 4:
+                started.set()
+
+    reader = threading.Thread(target=read_long)
+    reader.start()
+    assert started.wait(60)
+    short = client.chat.completions.create(model="b", messages=HI, max_tokens=24,
+                                           temperature=0)
+    short_done = time.monotonic()
+    reader.join(120)
+    assert short.choices[0].message.content == references["b"]
+    assert "".join(pieces) == long_alone
+    after = sum(t > short_done for t in arrivals)
+    assert after > 20, f"only {after} of {len(arrivals)} chunks came after the short answer"
 
 
 @pytest.mark.slow

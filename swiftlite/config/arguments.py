@@ -280,6 +280,9 @@ class InferArguments(ModelArguments, GenerationArguments):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationArguments)}
 
 
+DEPLOY_PT_BATCH = 32  # the pt server's batch; measured in README's serving table
+
+
 @dataclass
 class DeployArguments(ModelArguments):
     """Arguments of `swiftlite deploy`."""
@@ -299,8 +302,10 @@ class DeployArguments(ModelArguments):
     allow_remote_without_key: bool = arg(False, "serve a non-loopback --host without an API key "
                                          "(anyone who reaches the port can use the model)",
                                          group="deploy")
-    max_batch_size: int = arg(8, "requests generated together in one batch", group="deploy")
-    max_queue_size: int = arg(64, "requests waiting at most; more are answered 429",
+    max_batch_size: Optional[int] = arg(None, "requests generated together (default: "
+                                        f"{DEPLOY_PT_BATCH} with pt; vLLM's own with vllm)",
+                                        group="deploy")
+    max_queue_size: int = arg(64, "pt: requests waiting at most; more are answered 429",
                               group="deploy")
     infer_backend: str = arg("pt", "pt: transformers in this process; vllm: vLLM's OpenAI "
                              "server, set up with this checkpoint's template, names and "
@@ -328,10 +333,9 @@ class DeployArguments(ModelArguments):
                 problems.append(f"--adapters {a}: {path} is not a LoRA checkpoint (no "
                                 "adapter_config.json)")
         problems += _check_choices(self)
-        problems += _not_positive(self, ("max_batch_size", "max_queue_size", "port",
-                                         "tensor_parallel_size"))
-        if self.max_model_len is not None:
-            problems += _not_positive(self, ("max_model_len",))
+        problems += _not_positive(self, ("max_queue_size", "port", "tensor_parallel_size"))
+        problems += _not_positive(self, [k for k in ("max_model_len", "max_batch_size")
+                                         if getattr(self, k) is not None])
         if self.infer_backend == "pt":
             problems += [f"--{k} is a vLLM setting; add --infer_backend vllm" for k in (
                 "vllm_python", "max_model_len", "vllm_args") if getattr(self, k) is not None]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 
-from swiftlite.config.arguments import DeployArguments
+from swiftlite.config.arguments import DEPLOY_PT_BATCH, DeployArguments
 from swiftlite.config.parsing import build
 from swiftlite.errors import UsageError
 from swiftlite.log import info
@@ -115,7 +115,8 @@ def deploy(args: DeployArguments | dict | None = None, **kwargs) -> None:
 
     from swiftlite.inference.server.app import create_app
     engine, served = load(args)
-    app = create_app(engine, served, api_key=args.api_key, max_batch_size=args.max_batch_size,
+    app = create_app(engine, served, api_key=args.api_key,
+                     max_batch_size=args.max_batch_size or DEPLOY_PT_BATCH,
                      max_queue_size=args.max_queue_size)
     info(f"serving {', '.join(served)} at http://{args.host}:{args.port}/v1"
          + (" (API key required)" if args.api_key else ""))

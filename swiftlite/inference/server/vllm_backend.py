@@ -109,8 +109,9 @@ def command(args, ckpt, served: dict[str, str | None], files: dict, python: str)
            "--generation-config", files["generation_config"],
            "--host", args.host, "--port", str(args.port),
            "--dtype", ckpt.torch_dtype or "auto",
-           "--tensor-parallel-size", str(args.tensor_parallel_size),
-           "--max-num-seqs", str(args.max_batch_size)]
+           "--tensor-parallel-size", str(args.tensor_parallel_size)]
+    if args.max_batch_size:
+        cmd += ["--max-num-seqs", str(args.max_batch_size)]
     if args.max_model_len:
         cmd += ["--max-model-len", str(args.max_model_len)]
     if args.trust_remote_code:
