@@ -8,14 +8,28 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+_HIDDEN: set[str] = set()  # secret values (config.secrets) never printed
+
+
+def hide(values) -> None:
+    """Mask these strings in every later message."""
+    _HIDDEN.update(v for v in values if v)
+
+
+def _masked(msg: str) -> str:
+    for v in _HIDDEN:
+        msg = msg.replace(v, "<redacted>")
+    return msg
+
+
 def info(msg: str) -> None:
     if is_main_process():
-        print(f"[swiftlite] {msg}", file=sys.stderr, flush=True)
+        print(f"[swiftlite] {_masked(msg)}", file=sys.stderr, flush=True)
 
 
 def warn(msg: str) -> None:
     if is_main_process():
-        print(f"[swiftlite] WARNING: {msg}", file=sys.stderr, flush=True)
+        print(f"[swiftlite] WARNING: {_masked(msg)}", file=sys.stderr, flush=True)
 
 
 def hide_library_noise() -> None:

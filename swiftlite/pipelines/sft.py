@@ -22,7 +22,7 @@ from swiftlite.models import resolve_model
 from swiftlite.models.registry import check_model_name
 from swiftlite.models.loader import load_model, load_tokenizer
 from swiftlite.data.template import get_template
-from swiftlite.runtime.output import create_run_dir, last_checkpoint
+from swiftlite.runtime.output import create_run_dir, last_checkpoint, remove_if_empty
 
 
 @dataclass
@@ -41,9 +41,24 @@ def main(argv: list[str]) -> None:
                              "--name value (e.g. --report_to none --eval_strategy no). "
                              "--deepspeed presets: " + presets_help())
     args.validate()
+    preflight(args)
     from swiftlite.training.launch import maybe_relaunch
     maybe_relaunch(args)
     sft(args)
+
+
+def preflight(args: SftArguments) -> None:
+    """Checks of the output folder and the resume checkpoint, before anything is loaded or
+    any worker starts."""
+    from swiftlite.training.launch import check_output_dir
+    from swiftlite.training.resume import resolve_resume
+    check_output_dir(args)
+    if args.resume_from_checkpoint:
+        ckpt = resolve_resume(args.resume_from_checkpoint, args.train_type, args.deepspeed)
+        if ckpt != args.resume_from_checkpoint:
+            info(f"resuming from {ckpt} (the last complete checkpoint of "
+                 f"{args.resume_from_checkpoint})")
+        args.resume_from_checkpoint = ckpt
 
 
 def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
@@ -53,6 +68,10 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
     elif kwargs:
         raise UsageError("swiftlite.sft: pass an SftArguments object or keyword arguments, not both.")
     args.validate()
+    from swiftlite.config.secrets import secret_values
+    from swiftlite.log import hide
+    hide(secret_values(to_dict(args)))
+    preflight(args)
     check_model_name(args.model)  # a typo is reported before the data is read
     vars(args).pop("_deepspeed_auto", None)  # --deepspeed auto is decided anew for each run
     from swiftlite.runtime.distributed import run_scope
@@ -148,22 +167,30 @@ def _run(args: SftArguments) -> SftResult:
     from swiftlite.training.plots import plot_losses
     from swiftlite.training.trainer import build_trainer
     from swiftlite.training.launch import agree_run_dir
-    run_dir = agree_run_dir(args)  # the same on every rank (rank 0 picks it)
-    trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
+    run_dir = agree_run_dir(args)  # the same on every rank (rank 0 claims it)
+    try:
+        trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
+    except BaseException:
+        remove_if_empty(run_dir)
+        raise
     create_run_dir(run_dir)
+    from swiftlite.config.secrets import redact, redact_argv
     resolved = {**to_dict(args), "model_dir": model_dir, "template": template.name,
                 "template_source": template.describe(),
                 "system": template.saved_system, "torch_dtype": dtype,
                 "hardware": hw.device, "model_type": "chat" if model_info.is_chat else "base",
-                "command": os.environ.get("SWIFTLITE_COMMAND") or " ".join(sys.argv),
+                "command": os.environ.get("SWIFTLITE_COMMAND") or " ".join(
+                    redact_argv(sys.argv)),
                 "dataset_report": {**enc_report.to_dict(), "rows": load_report.rows,
                                    "skipped_rows": dict(load_report.skipped)}}
     if is_main_process():
         with open(os.path.join(run_dir, "args.json"), "w") as f:
-            json.dump(resolved, f, indent=2, ensure_ascii=False, default=str)
+            json.dump(redact(resolved), f, indent=2, ensure_ascii=False, default=str)
         info(f"output folder: {run_dir}")
 
     # 7. Train.
+    if args.resume_from_checkpoint:
+        info(f"resuming from {args.resume_from_checkpoint}")
     info(f"ready to train after {time.time() - t_start:.1f} s")
     from swiftlite.training.oom import oom_guard
     with oom_guard(args, hw):  # an OOM is answered with the next step of the tuning ladder

@@ -12,6 +12,13 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def barrier() -> None:
+    """Wait for every rank, if there is more than one process."""
+    dist = _process_group()
+    if dist is not None and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 # Set by a run for itself: a process group of one for DeepSpeed, accelerate's DeepSpeed
 # switch, DeepSpeed's accelerator on a CPU (deepspeed.py), the TensorBoard folder (trainer.py).
 RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

@@ -68,15 +68,23 @@ class NonFiniteLossGuard(TrainerCallback):
 
 
 class CheckpointArgs(TrainerCallback):
-    """Copies args.json into each checkpoint, so `infer`/`merge-lora` need only its path."""
+    """Copies args.json into each checkpoint, so `infer`/`merge-lora` need only its path, then
+    marks the checkpoint complete once every rank has written its part and all of it is on
+    disk (runtime.output.mark_complete): a run killed while saving leaves a folder that is
+    never resumed."""
 
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
 
     def on_save(self, args, state, control, **kwargs):
-        if not is_main_process():
-            return
-        ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        src = os.path.join(self.run_dir, "args.json")
-        if os.path.isdir(ckpt) and os.path.exists(src):
-            shutil.copy(src, os.path.join(ckpt, "args.json"))
+        from swiftlite.runtime.distributed import barrier
+        from swiftlite.runtime.output import mark_complete
+        barrier()  # ZeRO: every rank's shards are written
+        if is_main_process():
+            ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            src = os.path.join(self.run_dir, "args.json")
+            if os.path.isdir(ckpt):
+                if os.path.exists(src):
+                    shutil.copy(src, os.path.join(ckpt, "args.json"))
+                mark_complete(ckpt, state.global_step)
+        barrier()

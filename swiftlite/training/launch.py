@@ -16,7 +16,7 @@ import sys
 
 from swiftlite.errors import RunError, UsageError
 from swiftlite.log import info
-from swiftlite.runtime.output import RUN_DIR_ENV, next_run_dir
+from swiftlite.runtime.output import RUN_DIR_ENV, claim_run_dir, other_run_files
 
 COMMAND_ENV = "SWIFTLITE_COMMAND"  # the user's command line, saved in args.json by rank 0
 LAUNCH_VARS = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -81,16 +81,42 @@ def _nproc(cmd: list[str]) -> int:
 
 def user_command(argv: list[str], env: dict) -> str:
     """The command as the user ran it, with the launch variables that shaped it."""
+    from swiftlite.config.secrets import redact_argv
     prefix = [f"{k}={shlex.quote(env[k])}" for k in LAUNCH_VARS if k in env]
-    return " ".join(prefix + ["swiftlite", shlex.join(argv)])
+    return " ".join(prefix + ["swiftlite", shlex.join(redact_argv(argv))])
 
 
-def planned_run_dir(args) -> str:
-    """The run folder for these arguments (not created yet)."""
+def output_root(args) -> str:
     from swiftlite.models.registry import model_name
-    root = args.output_dir or os.path.join("output", model_name(args.model))
-    run_dir = os.environ.get(RUN_DIR_ENV) or (next_run_dir(root) if args.add_version else root)
-    return os.path.abspath(run_dir)
+    return args.output_dir or os.path.join("output", model_name(args.model))
+
+
+def check_output_dir(args) -> None:
+    """--add_version false writes into --output_dir itself: refuse one that holds another run
+    (its args would be overwritten, its checkpoints mixed with this run's and rotated away)."""
+    root = output_root(args)
+    if args.add_version or os.environ.get(RUN_DIR_ENV):
+        return
+    files = other_run_files(root)
+    if files:
+        raise UsageError(
+            f"--output_dir {root} holds another run ({', '.join(files[:4])}"
+            f"{', ...' if len(files) > 4 else ''}) and --add_version false would write this "
+            "run over it. Pick a new --output_dir, drop --add_version false (each run then gets "
+            "its own v<N>-<timestamp> folder), or continue that run with "
+            f"--resume_from_checkpoint {root} (into a new folder).")
+
+
+def claim_run_dir_for(args) -> str:
+    """The run folder for these arguments, created now (atomically: see runtime.output)."""
+    if os.environ.get(RUN_DIR_ENV):
+        return os.path.abspath(os.environ[RUN_DIR_ENV])
+    root = output_root(args)
+    if args.add_version:
+        return os.path.abspath(claim_run_dir(root))
+    check_output_dir(args)
+    os.makedirs(root, exist_ok=True)
+    return os.path.abspath(root)
 
 
 def maybe_relaunch(args) -> None:
@@ -117,11 +143,16 @@ def maybe_relaunch(args) -> None:
     if nnodes == 1:
         # One node: the parent picks the folder. Several nodes: each node has its own
         # parent, so global rank 0 picks it (agree_run_dir) and tells the others.
-        env.setdefault(RUN_DIR_ENV, planned_run_dir(args))
+        if RUN_DIR_ENV not in env:
+            env[RUN_DIR_ENV] = claim_run_dir_for(args)
     # torchrun sets OMP_NUM_THREADS=1 unless told otherwise: keep all cores shared out.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _nproc(cmd))))
-    info("launching: " + shlex.join(cmd))
+    from swiftlite.config.secrets import redact_argv
+    info("launching: " + shlex.join(redact_argv(cmd)))
     rc = subprocess.call(cmd, env=env)
+    if nnodes == 1:
+        from swiftlite.runtime.output import remove_if_empty
+        remove_if_empty(env[RUN_DIR_ENV])
     if rc != 0:
         raise RunError(f"the distributed run failed (exit code {rc}); see the log above.")
     sys.exit(0)
@@ -138,7 +169,7 @@ def agree_run_dir(args) -> str:
     created, so accelerate still sets up the real backend (nccl/hccl/gloo) as usual. Nothing
     is left in os.environ: a second run in the same processes gets a folder of its own."""
     if os.environ.get(RUN_DIR_ENV) or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return planned_run_dir(args)
+        return claim_run_dir_for(args)
     global _STORE, _RUNS
     from datetime import timedelta
 
@@ -147,7 +178,7 @@ def agree_run_dir(args) -> str:
     _STORE = store  # rank 0 may host the server: keep it alive for init_process_group
     key, _RUNS = f"swiftlite/run_dir/{_RUNS}", _RUNS + 1  # every rank runs the same sequence
     if rank == 0:
-        store.set(key, planned_run_dir(args))
+        store.set(key, claim_run_dir_for(args))
     return store.get(key).decode()  # waits for rank 0
 
 

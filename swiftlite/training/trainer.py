@@ -28,10 +28,28 @@ def trainer_class(chunked_loss: bool):
     """The HF Trainer, or a subclass whose training loss is swiftlite.training.speedups.chunked_loss.supervised_head_loss
     (LM head only at trained positions, chunked). Evaluation keeps the model's own loss."""
     from transformers import Trainer
-    if not chunked_loss:
-        return Trainer
 
-    class SftTrainer(Trainer):
+    class NoSecretsTrainer(Trainer):
+        def _save(self, output_dir=None, state_dict=None):
+            # training_args.bin is the pickled TrainingArguments: write it without the secrets
+            # (hub_token, ...), which stay set for pushing to the hub.
+            import dataclasses
+
+            from swiftlite.config.secrets import is_secret
+            kept = {f.name: getattr(self.args, f.name) for f in dataclasses.fields(self.args)
+                    if is_secret(f.name) and getattr(self.args, f.name)}
+            for name in kept:
+                object.__setattr__(self.args, name, None)
+            try:
+                return super()._save(output_dir, state_dict)
+            finally:
+                for name, value in kept.items():
+                    object.__setattr__(self.args, name, value)
+
+    if not chunked_loss:
+        return NoSecretsTrainer
+
+    class SftTrainer(NoSecretsTrainer):
         _head_ok = None  # decided at the first step, once DeepSpeed has wrapped the model
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

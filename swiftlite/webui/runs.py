@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from swiftlite.errors import UsageError
-from swiftlite.runtime.output import RUN_DIR_ENV, next_run_dir
+from swiftlite.runtime.output import RUN_DIR_ENV, claim_run_dir, is_complete
 
 STATE_FILE, LOG_FILE = "webui.json", "webui.log"
 FINAL = ("finished", "failed", "stopped")
@@ -112,7 +112,9 @@ def checkpoints(run_dir: str) -> list[str]:
         names = os.listdir(run_dir)
     except OSError:
         return []
-    ckpts = [n for n in names if re.fullmatch(r"checkpoint-\d+(-merged)?", n)]
+    # a checkpoint still being written (or cut short) is not offered
+    ckpts = [n for n in names if re.fullmatch(r"checkpoint-\d+-merged", n) or (
+        re.fullmatch(r"checkpoint-\d+", n) and is_complete(os.path.join(run_dir, n)))]
     return sorted((os.path.join(run_dir, n) for n in ckpts),
                   key=lambda p: (int(re.search(r"(\d+)", os.path.basename(p)).group(1)), p))
 
@@ -147,6 +149,8 @@ def find_runs(root: str, depth: int = 3) -> list[str]:
 
 def child_env(nproc: int, run_dir: str) -> dict:
     env = dict(os.environ)
+    from swiftlite.webui.app import AUTH_ENV
+    env.pop(AUTH_ENV, None)  # the Web-UI's login is not the training run's business
     env[RUN_DIR_ENV] = run_dir  # the folder chosen here is the one sft writes (see runtime/output.py)
     env["PYTHONUNBUFFERED"] = "1"  # the log streams while training, not at exit
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -177,10 +181,13 @@ class RunManager:
             if busy:
                 raise UsageError(f"a run is already in progress ({os.path.relpath(busy[0], self.root)});"
                                  " wait for it to finish or stop it, then start again.")
-            run_dir = next_run_dir(output_dir)
-            os.makedirs(run_dir)
+            run_dir = claim_run_dir(output_dir)
             cmd = [sys.executable, "-m", "swiftlite.cli", "sft", *argv]
-            write_state(run_dir, status="starting", command=cmd, command_line=command_line,
+            import shlex
+
+            from swiftlite.config.secrets import redact_argv
+            write_state(run_dir, status="starting", command=redact_argv(cmd),
+                        command_line=shlex.join(redact_argv(shlex.split(command_line))),
                         nproc=nproc, started=time.time())
             log = open(os.path.join(run_dir, LOG_FILE), "ab")
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

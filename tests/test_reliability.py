@@ -1,0 +1,180 @@
+"""Nothing lost, nothing leaked: each test is named for the failure it prevents, and drives the
+real CLI (child processes) the way a user or a crash would."""
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import run_cli
+
+TINY = ["--model", "tiny-qwen2", "--max_steps", "2", "--per_device_train_batch_size", "2",
+        "--gradient_accumulation_steps", "1", "--torch_dtype", "float32", "--report_to", "none"]
+
+
+def sft_cmd(*args):
+    return [sys.executable, "-m", "swiftlite.cli", "sft", *map(str, args)]
+
+
+def _claim(root, q):
+    from swiftlite.runtime.output import claim_run_dir
+    q.put(claim_run_dir(root))
+
+
+# -- run folders ------------------------------------------------------------------------------
+def test_run_folders_claimed_at_once_never_collide(tmp_path):
+    """Eight processes claiming a run folder under one output_dir at the same moment get eight
+    folders with eight version numbers."""
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_claim, args=(str(tmp_path), q)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join()
+    versions = [re.match(r"v(\d+)-", os.path.basename(g)).group(1) for g in got]
+    assert len(set(got)) == 8 and sorted(map(int, versions)) == list(range(8))
+    assert all(os.path.isdir(g) for g in got)
+
+
+@pytest.mark.slow
+def test_two_sft_started_together_keep_their_own_folders(tmp_path, chat_jsonl, tiny_qwen2):
+    """A sweep with `&`: two runs, one output_dir; each has its own folder, args and
+    checkpoints."""
+    out = tmp_path / "out"
+    procs = [subprocess.Popen(sft_cmd(*TINY, "--dataset", chat_jsonl, "--seed", seed,
+                                      "--output_dir", out, "--save_total_limit", "1"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for seed in (1, 2)]
+    for p in procs:
+        assert p.wait(600) == 0, p.stderr.read()[-3000:]
+    runs = sorted(os.listdir(out))
+    assert len(runs) == 2, runs
+    seeds = sorted(json.load(open(out / r / "args.json"))["seed"] for r in runs)
+    assert seeds == [1, 2]
+    assert all(os.listdir(out / r).count("checkpoint-2") == 1 for r in runs)
+
+
+def test_add_version_false_refuses_a_folder_holding_another_run(tiny_run, chat_jsonl):
+    before = sorted(os.listdir(tiny_run.output_dir))
+    r = run_cli("sft", *TINY, "--dataset", chat_jsonl, "--output_dir", tiny_run.output_dir,
+                "--add_version", "false", check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "holds another run" in r.stderr and "--resume_from_checkpoint" in r.stderr
+    assert sorted(os.listdir(tiny_run.output_dir)) == before  # nothing touched
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+def test_a_checkpoint_missing_a_file_is_refused_before_loading(tiny_run, chat_jsonl, tmp_path):
+    """Resume checks the folder first (adapter, optimizer, scheduler, trainer state, RNG) and
+    exits 2 naming what is missing; no run folder is made."""
+    ckpt = tmp_path / "checkpoint-8"
+    shutil.copytree(os.path.join(tiny_run.output_dir, "checkpoint-8"), ckpt)
+    os.remove(ckpt / "optimizer.pt")
+    out = tmp_path / "out"
+    r = run_cli("sft", *TINY, "--dataset", chat_jsonl, "--output_dir", out,
+                "--resume_from_checkpoint", ckpt, check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "optimizer.pt" in r.stderr
+    assert not out.exists()
+
+
+def test_a_checkpoint_never_marked_complete_is_not_resumed(tiny_run, chat_jsonl, tmp_path):
+    from swiftlite.runtime.output import COMPLETE_MARKER, last_checkpoint
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run.output_dir, run)
+    os.remove(run / "checkpoint-8" / COMPLETE_MARKER)  # killed before it was marked
+    assert last_checkpoint(str(run)) == str(run / "checkpoint-4")
+    r = run_cli("sft", *TINY, "--dataset", chat_jsonl, "--output_dir", tmp_path / "out",
+                "--resume_from_checkpoint", run / "checkpoint-8", check=False)
+    assert r.returncode == 2 and "incomplete" in r.stderr and "checkpoint-4" in r.stderr
+
+
+def _losses(run_dir) -> dict:
+    out = {}
+    with open(os.path.join(run_dir, "logging.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            if "loss" in row and "step" in row:
+                out[row["step"]] = row["loss"]
+    return out
+
+
+@pytest.mark.slow
+def test_killed_while_saving_resumes_to_the_same_losses(tmp_path, chat_jsonl, tiny_qwen2):
+    """SIGKILL the moment a checkpoint folder appears (its files still being written), then
+    resume from the run folder: it continues from the last complete checkpoint, and every
+    later step has the loss of an uninterrupted run."""
+    args = ["--model", "tiny-qwen2", "--dataset", chat_jsonl + "#32", "--max_steps", "8",
+            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
+            "--learning_rate", "1e-2", "--save_steps", "2", "--logging_steps", "1",
+            "--torch_dtype", "float32", "--report_to", "none", "--lora_dropout", "0"]
+    full = tmp_path / "full"
+    run_cli("sft", *args, "--output_dir", full, "--add_version", "false")
+    want = _losses(full)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(sft_cmd(*args, "--output_dir", killed, "--add_version", "false"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = killed / "checkpoint-6"
+    deadline = time.time() + 600
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert target.exists(), "the run ended before its third save"
+    from swiftlite.runtime.output import is_complete
+    assert not is_complete(target)  # killed while it was being written
+
+    r = run_cli("sft", *args, "--output_dir", tmp_path / "resumed",
+                "--resume_from_checkpoint", killed)
+    assert "resuming from" in r.stderr
+    (resumed,) = (tmp_path / "resumed").iterdir()
+    got = _losses(resumed)
+    assert got and min(got) >= 5  # continued after checkpoint-4 (or -6), not from step 0
+    for step, loss in got.items():
+        assert loss == pytest.approx(want[step], rel=1e-4, abs=1e-5), step
+
+
+# -- secrets ----------------------------------------------------------------------------------
+SECRET = "hf_sEcReT0123456789abcdef"
+
+
+def _files_containing(root, needle: bytes) -> list[str]:
+    hits = []
+    for base, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(base, name), "rb") as f:
+                if needle in f.read():
+                    hits.append(os.path.join(base, name))
+    return hits
+
+
+def test_tokens_are_never_written_to_disk_or_logs(tmp_path, chat_jsonl, tiny_qwen2):
+    out = tmp_path / "out"
+    r = run_cli("sft", *TINY, "--dataset", chat_jsonl, "--output_dir", out, "--hub_token",
+                SECRET, "--save_steps", "2")
+    assert SECRET not in r.stdout + r.stderr
+    assert _files_containing(out, SECRET.encode()) == []
+    (run,) = out.iterdir()
+    saved = json.load(open(run / "args.json"))
+    assert saved["hub_token"] == "<redacted>" and SECRET not in saved["command"]
+
+
+def test_webui_keeps_its_login_and_tokens_from_runs(tmp_path, monkeypatch):
+    """The Web-UI's auth variable is not passed to training runs, and webui.json records the
+    command with its tokens redacted."""
+    from swiftlite.webui.app import AUTH_ENV
+    from swiftlite.webui.runs import child_env
+    monkeypatch.setenv(AUTH_ENV, "admin:hunter2")
+    assert AUTH_ENV not in child_env(1, str(tmp_path))
+    from swiftlite.config.secrets import redact_argv
+    assert redact_argv(["--hub_token", SECRET, "--api_key=k1", "--lr", "1"]) == [
+        "--hub_token", "<redacted>", "--api_key=<redacted>", "--lr", "1"]
