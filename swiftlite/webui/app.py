@@ -12,8 +12,7 @@ from typing import Optional
 
 from swiftlite.config.arguments import arg
 from swiftlite.errors import UsageError
-
-AUTH_ENV = "SWIFTLITE_WEBUI_AUTH"
+from swiftlite.webui.runs import AUTH_ENV  # defined with the runs it is kept from
 
 CSS = """
 .form-error { color: #b91c1c; border: 1px solid #fca5a5; background: #fef2f2;

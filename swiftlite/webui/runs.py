@@ -26,6 +26,7 @@ from swiftlite.errors import UsageError
 from swiftlite.runtime.output import RUN_DIR_ENV, claim_run_dir, is_complete
 
 STATE_FILE, LOG_FILE = "webui.json", "webui.log"
+AUTH_ENV = "SWIFTLITE_WEBUI_AUTH"  # the Web-UI's login (webui.app); never passed to runs
 FINAL = ("finished", "failed", "stopped")
 STOP_GRACE_S = 15  # SIGINT lets the Trainer unwind; then SIGTERM, then SIGKILL
 
@@ -149,7 +150,6 @@ def find_runs(root: str, depth: int = 3) -> list[str]:
 
 def child_env(nproc: int, run_dir: str) -> dict:
     env = dict(os.environ)
-    from swiftlite.webui.app import AUTH_ENV
     env.pop(AUTH_ENV, None)  # the Web-UI's login is not the training run's business
     env[RUN_DIR_ENV] = run_dir  # the folder chosen here is the one sft writes (see runtime/output.py)
     env["PYTHONUNBUFFERED"] = "1"  # the log streams while training, not at exit
