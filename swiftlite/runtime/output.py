@@ -31,7 +31,9 @@ def claim_run_dir(output_dir: str) -> str:
     """Create a new v<N>-<timestamp> folder under output_dir and return it. The version is
     chosen and the folder made under a lock in output_dir, and mkdir itself fails rather than
     reuse a folder, so concurrent runs (a sweep started with `&`) never share one."""
-    os.makedirs(output_dir, exist_ok=True)
+    if not os.path.isdir(output_dir):
+        os.makedirs(output_dir, exist_ok=True)
+        _MADE_ROOTS.add(os.path.abspath(output_dir))
     fd = os.open(output_dir, os.O_RDONLY)  # the lock is on the folder itself: no lock file
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -46,12 +48,19 @@ def claim_run_dir(output_dir: str) -> str:
         os.close(fd)  # releases the lock
 
 
+_MADE_ROOTS: set[str] = set()  # output_dirs claim_run_dir created in this process
+
+
 def remove_if_empty(run_dir: str) -> None:
-    """A claimed run folder that a failed start left empty goes again."""
-    try:
-        os.rmdir(run_dir)  # fails unless empty
-    except OSError:
-        pass
+    """A claimed run folder that a failed start left empty goes again (and the output_dir,
+    if claiming made it and it is empty now)."""
+    for folder in (run_dir, os.path.dirname(os.path.abspath(run_dir))):
+        if folder != run_dir and folder not in _MADE_ROOTS:
+            break
+        try:
+            os.rmdir(folder)  # fails unless empty
+        except OSError:
+            break
 
 
 def create_run_dir(run_dir: str) -> str:
