@@ -178,3 +178,33 @@ def test_webui_keeps_its_login_and_tokens_from_runs(tmp_path, monkeypatch):
     from swiftlite.config.secrets import redact_argv
     assert redact_argv(["--hub_token", SECRET, "--api_key=k1", "--lr", "1"]) == [
         "--hub_token", "<redacted>", "--api_key=<redacted>", "--lr", "1"]
+
+
+# -- merge-lora -----------------------------------------------------------------------------
+def _merge_cmd(ckpt, out):
+    return [sys.executable, "-m", "swiftlite.cli", "merge-lora", "--ckpt_dir", str(ckpt),
+            "--output_dir", str(out)]
+
+
+def test_merge_killed_midway_leaves_nothing_and_two_merges_do_not_collide(tiny_run, tmp_path):
+    ckpt = os.path.join(tiny_run.output_dir, "checkpoint-8")
+    out = tmp_path / "merged"
+    proc = subprocess.Popen(_merge_cmd(ckpt, out), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not any(p.name.startswith(".merged.tmp-") for p in tmp_path.iterdir()) and \
+            proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()
+    # Two merges into one folder at once: one writes it, the other is told why it cannot.
+    procs = [subprocess.Popen(_merge_cmd(ckpt, out), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(300), p.stderr.read()) for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 2], results
+    (err,) = [e for rc, e in results if rc == 2]
+    assert "Traceback" not in err and ("another merge-lora" in err or "already exists" in err)
+    assert (out / "config.json").exists()
+    leftovers = [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+    assert leftovers == []  # the killed merge's temp folder was swept

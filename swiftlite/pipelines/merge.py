@@ -9,6 +9,7 @@ end, so an interrupted or refused merge never leaves a folder that looks finishe
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -57,7 +58,14 @@ def run(args: MergeArguments) -> str:
         return args.ckpt_dir
     out = os.path.abspath(args.output_dir or args.ckpt_dir.rstrip("/\\") + "-merged")
     _check_output(out, args, ckpt)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with _target_lock(out):
+        _check_output(out, args, ckpt)  # another merge may have finished it meanwhile
+        _sweep_leftovers(out)
+        return _merge(args, ckpt, out, t0)
 
+
+def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
     from swiftlite.inference import streaming_merge as ms
     from swiftlite.models.safetensors_files import base_index, tensor_meta
     from swiftlite.models.loader import load_tokenizer, torch_dtype
@@ -122,6 +130,8 @@ def run(args: MergeArguments) -> str:
             if dtype_name == "float32" and diff > 1e-2:
                 warn("the merged model's logits differ from the adapter's by more than 1e-2; "
                      "please report this with the checkpoint's adapter_config.json.")
+        from swiftlite.runtime.output import fsync_tree
+        fsync_tree(tmp)  # on disk before it gets the final name
         _replace(tmp, out, args.exist_ok)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -141,6 +151,35 @@ def _check_output(out: str, args: MergeArguments, ckpt) -> None:
                          "--output_dir, or pass --exist_ok true to replace it.")
     if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(f"--output_dir {out} is a file, not a folder.")
+
+
+@contextlib.contextmanager
+def _target_lock(out: str):
+    """One merge at a time into one folder: a lock file beside it (.<name>.lock)."""
+    import fcntl
+    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
+    with open(path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            who = lock.read().strip() or "?"
+            raise UsageError(f"another merge-lora (pid {who}) is writing {out}; wait for it "
+                             "to finish, or choose another --output_dir.") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
+        yield
+
+
+def _sweep_leftovers(out: str) -> None:
+    """Temp folders of earlier merges into `out` that were killed (their lock is free now)."""
+    parent, name = os.path.dirname(out), os.path.basename(out)
+    for entry in os.listdir(parent):
+        if entry.startswith((f".{name}.tmp-", f".{name}.old-")):
+            info(f"removing {entry}, left by a merge into {name} that did not finish")
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
 
 def _replace(tmp: str, out: str, exist_ok: bool) -> None:
