@@ -155,7 +155,8 @@ def _check_output(out: str, args: MergeArguments, ckpt) -> None:
 
 @contextlib.contextmanager
 def _target_lock(out: str):
-    """One merge at a time into one folder: a lock file beside it (.<name>.lock)."""
+    """One merge at a time into one folder: a lock file beside it (.<name>.lock), removed
+    when the merge ends (a killed merge's stays, unlocked, and is reused)."""
     import fcntl
     path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
     with open(path, "a+") as lock:
@@ -170,7 +171,10 @@ def _target_lock(out: str):
         lock.truncate()
         lock.write(str(os.getpid()))
         lock.flush()
-        yield
+        try:
+            yield
+        finally:
+            os.unlink(path)  # still held: a merge that opens it now is refused, not let in
 
 
 def _sweep_leftovers(out: str) -> None:
