@@ -121,7 +121,8 @@ class TrainArguments:
     deepspeed: Optional[str] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
                                    "zero3_offload, auto (the fastest that fits, per swiftlite "
                                    "estimate), a JSON file or inline JSON", group="train")
-    resume_from_checkpoint: Optional[str] = arg(None, "continue from this checkpoint folder",
+    resume_from_checkpoint: Optional[str] = arg(None, "continue from this checkpoint folder, "
+                                                "or a run folder's last complete checkpoint",
                                                 group="train")
     padding_free: bool = arg(True, "pack each batch into one row without padding (attention "
                              "stays inside each sample); false: pad to the longest",

@@ -80,6 +80,14 @@ _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 _THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>\s*", re.S)
 
 
+TOOL_CALL_OPEN = "<tool_call>"  # Hermes-style calls (Qwen2.5, Qwen3): vLLM's "hermes" parser
+
+
+def writes_tool_calls(template_source: str | None) -> bool:
+    """Whether a chat template writes tool calls as <tool_call>{json}</tool_call> blocks."""
+    return bool(template_source) and TOOL_CALL_OPEN in template_source
+
+
 def parse_reply(text: str, template_source: str | None = None) -> dict:
     """{"content", "tool_calls" (OpenAI shape, arguments as JSON text), "reasoning_content"}
     of a generated reply. Tool calls are read in the syntax the model's template writes; a call
@@ -90,7 +98,7 @@ def parse_reply(text: str, template_source: str | None = None) -> dict:
         if m:
             out["reasoning_content"] = m.group(1).strip("\n")
             text = text[m.end():]
-    if template_source is not None and "<tool_call>" in template_source:
+    if writes_tool_calls(template_source):
         kept, last = [], 0
         for m in _HERMES.finditer(text):
             try:

@@ -15,11 +15,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from swiftlite.data.tools import TOOL_CALL_OPEN, writes_tool_calls
 from swiftlite.errors import UsageError
 from swiftlite.inference.server import openai_api as api
 from swiftlite.inference.server.scheduler import Job, QueueFull, Scheduler
 
-_TOOL_OPEN = "<tool_call>"
+_TOOL_OPEN = TOOL_CALL_OPEN
 
 
 def create_app(engine, served: dict[str, str | None], *, api_key: str | None = None,
@@ -31,7 +32,7 @@ def create_app(engine, served: dict[str, str | None], *, api_key: str | None = N
     app.state.scheduler = scheduler
     created = int(time.time())
     max_len = int(getattr(engine.model.config, "max_position_embeddings", 0) or 0) or None
-    tool_syntax = _TOOL_OPEN in (getattr(engine.template, "source", None) or "")
+    tool_syntax = writes_tool_calls(getattr(engine.template, "source", None))
 
     @app.on_event("shutdown")
     def _close():

@@ -26,12 +26,12 @@ import subprocess
 import sys
 import tempfile
 
+from swiftlite.data.tools import writes_tool_calls
 from swiftlite.errors import UsageError
 from swiftlite.log import info
 
 # vLLM accepts only these LoRA ranks as --max-lora-rank.
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-_TOOL_OPEN = "<tool_call>"
 
 
 def find_python(explicit: str | None) -> str:
@@ -94,7 +94,7 @@ def write_serving_files(ckpt, workdir: str, trust_remote_code: bool = False) -> 
         info(f"note: vLLM stops at end-of-turn tokens only; the template's stop text "
              f"{multi} is several tokens, so clients should send it as `stop`.")
     return {"chat_template": chat_path, "generation_config": gen_dir, "tokenizer": tokenizer_dir,
-            "tools": _TOOL_OPEN in (getattr(template, "source", None) or jinja)}
+            "tools": writes_tool_calls(getattr(template, "source", None) or jinja)}
 
 
 def command(args, ckpt, served: dict[str, str | None], files: dict, python: str) -> list[str]:
