@@ -9,9 +9,10 @@ problems are reported together. swiftlite.config.parsing turns names and values 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from swiftlite.config.constants import DEFAULT_TOTAL_BATCH
 from swiftlite.config.sizes import parse_size
@@ -118,7 +119,7 @@ class TrainArguments:
                                         "outputs of frozen matmuls instead of recomputing them "
                                         "(faster for a little memory per token: "
                                         "docs/performance.md)", group="train")
-    deepspeed: Optional[str] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
+    deepspeed: Optional[Union[str, dict]] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
                                    "zero3_offload, auto (the fastest that fits, per swiftlite "
                                    "estimate), a JSON file or inline JSON", group="train")
     resume_from_checkpoint: Optional[str] = arg(None, "continue from this checkpoint folder, "
@@ -162,10 +163,14 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
         if not self.dataset:
             problems.append("--dataset is required (a file, or a built-in such as "
                             "self-cognition#500)")
-        problems += _check_choices(self)
+        problems += _check_choices(self) + _not_finite(self)
         problems += _not_positive(self, ("lora_rank", "lora_alpha", "max_length",
-                                         "per_device_train_batch_size", "logging_steps",
+                                         "per_device_train_batch_size",
+                                         "per_device_eval_batch_size", "logging_steps",
                                          "save_steps"))
+        for name in ("seed", "data_seed"):  # numpy's seeding takes 0 .. 2**32 - 1
+            if not 0 <= getattr(self, name) < 2 ** 32:
+                problems.append(f"--{name} must be in 0 .. 4294967295, got {getattr(self, name)}")
         if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
             problems.append("--gradient_accumulation_steps must be at least 1")
         if not 0 <= self.split_dataset_ratio < 1:
@@ -195,6 +200,14 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
 def _not_positive(obj, names) -> list[str]:
     return [f"--{n} must be a positive number, got {getattr(obj, n)}" for n in names
             if getattr(obj, n) <= 0]
+
+
+def _not_finite(obj) -> list[str]:
+    """nan or inf in a float field (parsing refuses them; this catches dataclasses built
+    directly in Python)."""
+    return [f"--{f.name} must be a finite number, got {getattr(obj, f.name)}"
+            for f in dataclasses.fields(obj) if isinstance(getattr(obj, f.name), float)
+            and not math.isfinite(getattr(obj, f.name))]
 
 
 def _raise_if(problems: list[str]) -> None:

@@ -5,6 +5,7 @@ error naming its flag."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 import os
 import types
@@ -51,6 +52,8 @@ def base_type(tp) -> tuple[type, bool]:
 def convert(value, tp, name: str):
     """Convert a CLI/YAML value to the field's type; raises UsageError naming the flag."""
     scalar, is_list = base_type(tp)
+    if isinstance(value, dict) and _accepts(tp, dict):
+        return value  # e.g. --deepspeed given as a mapping in a config file
     if is_list and _also_scalar(tp) and not (isinstance(value, list) and len(value) > 1):
         is_list = False  # e.g. report_to: "none" stays a string, two values become a list
     try:
@@ -75,6 +78,16 @@ def _also_scalar(tp) -> bool:
     return any(a in (str, int, float, bool) for a in args)
 
 
+def _accepts(tp, kind: type) -> bool:
+    """Does the annotation take values of `kind` (e.g. dict in Union[dict, str])?"""
+    if isinstance(tp, str):
+        tp = eval(tp, vars(typing), {"Optional": Optional, "Any": Any})  # noqa: S307
+    if tp is Any:
+        return True
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return any(a is kind or typing.get_origin(a) is kind for a in args)
+
+
 def _scalar(v, scalar):
     if isinstance(v, str) and v.lower() in ("none", "null") and scalar is not str:
         return None
@@ -90,11 +103,21 @@ def _scalar(v, scalar):
         except ValueError:
             raise ValueError(f"expected a whole number, got {v!r}") from None
     if scalar is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            raise ValueError(f"expected a number, got {v!r}")
         try:
-            return float(v)
+            x = float(v)
         except ValueError:
             raise ValueError(f"expected a number, got {v!r}") from None
-    return v if isinstance(v, (str, dict)) else str(v) if not isinstance(v, (int, float)) else v
+        if not math.isfinite(x):  # nan poisons every step; inf steps to nowhere
+            raise ValueError(f"expected a finite number, got {v!r}")
+        return x
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)  # YAML reads `output_dir: 2024` as a number; the folder is "2024"
+    kind = {dict: "a mapping", list: "a list"}.get(type(v), f"the {type(v).__name__} value")
+    raise ValueError(f"expected text, got {kind} {v!r}; quote the value if it is meant as text")
 
 
 def training_arguments_fields() -> dict[str, dataclasses.Field]:
@@ -130,18 +153,21 @@ def build(cls, values: dict, *, where: str = "arguments"):
     ta_fields = None
     for raw_name, value in values.items():
         name = raw_name.replace("-", "_")
-        if name in own and name != "training_args":
-            kwargs[name] = convert(value, own[name].type, name)
-        elif name == "training_args" and isinstance(value, dict):
-            extra.update(value)
-        elif "training_args" in own:
-            ta_fields = ta_fields or training_arguments_fields()
-            if name in ta_fields:
-                extra[name] = convert(value, ta_fields[name].type, name)
+        try:
+            if name in own and name != "training_args":
+                kwargs[name] = convert(value, own[name].type, name)
+            elif name == "training_args" and isinstance(value, dict):
+                extra.update(value)
+            elif "training_args" in own:
+                ta_fields = ta_fields or training_arguments_fields()
+                if name in ta_fields:
+                    extra[name] = convert(value, ta_fields[name].type, name)
+                else:
+                    unknown.append(name)
             else:
                 unknown.append(name)
-        else:
-            unknown.append(name)
+        except UsageError as e:
+            raise UsageError(f"{where}: {e}") from None
     if unknown:
         import difflib
         known = list(own) + (list(ta_fields or training_arguments_fields())

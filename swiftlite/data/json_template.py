@@ -74,6 +74,13 @@ def load_spec(name_or_path: str) -> TemplateSpec:
             ([f"unknown keys {sorted(unknown)}"] if unknown else []) +
             ([f"missing keys {sorted(missing)}"] if missing else [])) +
             f". A template has the keys {', '.join(_FIELDS)}.")
+    lists = ("stop_words", "reproduces")
+    wrong = [f"'{k}' must be {'a list of strings' if k in lists else 'a string'}, got "
+             f"{json.dumps(v, ensure_ascii=False)}" for k, v in data.items()
+             if not (isinstance(v, list) and all(isinstance(w, str) for w in v) if k in lists
+                     else isinstance(v, str) or (k == "default_system" and v is None))]
+    if wrong:  # a string stop_words would stop at each of its characters
+        raise UsageError(f"{where}: " + "; ".join(wrong) + ".")
     if "{content}" not in data["assistant"]:
         raise UsageError(f"{where}: 'assistant' must contain {{content}}.")
     data.setdefault("name", os.path.basename(name_or_path).removesuffix(".json"))

@@ -11,7 +11,9 @@ rows, so no validation row is a copy of a training row.
 """
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import importlib.resources
 import json
 import os
@@ -25,6 +27,8 @@ from swiftlite.data.formats import BadRow, detect_format, to_conversation
 
 BUILTIN = {"self-cognition": "self_cognition.jsonl"}
 MAX_ERRORS_SHOWN = 5
+CSV_CELL_LIMIT = 64 * 2 ** 20  # characters
+BYTES_PER_TEXT_CHAR = 16  # see _check_fits
 _KEYS = {"messages": {"messages"}, "sharegpt": {"conversations"},
          "alpaca": {"instruction", "output"}, "query-response": {"query", "response"}}
 
@@ -71,37 +75,73 @@ def read_rows(path: str) -> list[tuple[str, object]]:
     ext = os.path.splitext(path)[1].lower()
     if ext == ".jsonl":
         out = []
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f, 1):
-                if not line.strip():
+        with open(path, "rb") as f:
+            for i, raw in enumerate(f, 1):
+                if i == 1:
+                    raw = raw.removeprefix(codecs.BOM_UTF8)  # written by some Windows editors
+                if not raw.strip():
                     continue
+                where = f"{path}:{i}"
                 try:
-                    out.append((f"{path}:{i}", json.loads(line)))
+                    out.append((where, json.loads(raw.decode("utf-8"))))
+                except UnicodeDecodeError as e:
+                    out.append((where, BadRow(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at "
+                                              f"byte {e.start + 1} of the line); save the file "
+                                              "as UTF-8", "not UTF-8")))
                 except json.JSONDecodeError as e:
-                    out.append((f"{path}:{i}", BadRow(f"invalid JSON ({e.msg} at column {e.colno})",
-                                                      "invalid JSON")))
+                    out.append((where, BadRow(f"invalid JSON ({e.msg} at column {e.colno})",
+                                              "invalid JSON")))
+                except RecursionError:
+                    out.append((where, BadRow("invalid JSON (nested too deeply to read)",
+                                              "invalid JSON")))
         return out
     if ext == ".json":
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(_read_text(path))
         except json.JSONDecodeError as e:
             raise UsageError(f"{path}:{e.lineno}: invalid JSON ({e.msg}). A .json dataset is one "
                              "JSON list of rows; use .jsonl for one row per line.") from None
+        except RecursionError:
+            raise UsageError(f"{path}: invalid JSON (nested too deeply to read).") from None
         if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
             data = next(iter(data.values()))  # {"train": [...]}
         if not isinstance(data, list):
             raise UsageError(f"{path}: a .json dataset must be a list of rows.")
         return [(f"{path} row {i}", r) for i, r in enumerate(data, 1)]
     if ext == ".csv":
-        with open(path, encoding="utf-8", newline="") as f:
-            # Line numbers count the header as line 1.
-            return [(f"{path}:{i}", dict(r)) for i, r in enumerate(csv.DictReader(f), 2)]
+        # Long replies are legitimate: allow cells far beyond the csv module's 128 KiB default.
+        csv.field_size_limit(max(csv.field_size_limit(), CSV_CELL_LIMIT))
+        reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
+        rows = []
+        try:  # line numbers count the header as line 1
+            for i, r in enumerate(reader, 2):
+                rows.append((f"{path}:{i}", dict(r)))
+        except csv.Error as e:
+            raise UsageError(f"{path}:{reader.line_num}: unreadable CSV ({e}).") from None
+        return rows
     if ext == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
-        return [(f"{path} row {i}", r) for i, r in enumerate(pq.read_table(path).to_pylist(), 1)]
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as e:
+            raise UsageError(f"--dataset {path}: not a readable parquet file ({e}). Check the "
+                             "file is complete, or export the data again.") from None
+        return [(f"{path} row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
     raise UsageError(f"--dataset {path}: unsupported file type {ext or '(none)'}; use .jsonl, "
                      ".json, .csv or .parquet.")
+
+
+def _read_text(path: str) -> str:
+    """A whole file as UTF-8 text (a BOM is dropped); UsageError naming the line otherwise."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise UsageError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); save the "
+                         "file as UTF-8.") from None
 
 
 def _builtin_rows(name: str, model_name: list[str], model_author: list[str]):
@@ -127,6 +167,22 @@ def _pair(values, default: str) -> tuple[str, str]:
     if isinstance(values, str):
         values = [values]
     return values[0], values[1] if len(values) > 1 else values[0]
+
+
+def _check_fits(spec: str, rows: list, n: int) -> None:
+    """Refuse #N sampling that cannot fit in memory, before building it. Each sample is held
+    as Python token lists while it is encoded: at least BYTES_PER_TEXT_CHAR per character of
+    its conversation (a lower bound), against the memory available now."""
+    import psutil
+    probe = rows[:: max(1, len(rows) // 200)]
+    chars = sum(len(json.dumps(r["messages"], ensure_ascii=False)) for r in probe) / len(probe)
+    need, free = n * chars * BYTES_PER_TEXT_CHAR, psutil.virtual_memory().available
+    if need > free:
+        raise UsageError(f"--dataset {spec}: {n:,} samples of about {chars:.0f} characters need "
+                         f"at least {need / 2 ** 30:,.1f} GiB to encode, and {free / 2 ** 30:,.1f} "
+                         f"GiB is available. Sample fewer rows (at most about "
+                         f"{int(free / (chars * BYTES_PER_TEXT_CHAR)):,}), or train more epochs "
+                         "(--num_train_epochs) instead of repeating rows.")
 
 
 def _sample(rows: list, n: int, seed: int) -> list:
@@ -196,6 +252,7 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
             val += held
             n = None if n is None else max(n - len(held), 1)
         if n is not None:
+            _check_fits(spec, good, n)
             if n > len(good):
                 info(f"{spec}: {len(good)} rows, sampling {n} repeats them.")
             good = _sample(good, n, seed)

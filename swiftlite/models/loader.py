@@ -9,6 +9,10 @@ from swiftlite.errors import UsageError
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if tok.eos_token is None:  # training would never teach an end; generation would not stop
+        raise UsageError(f"{model_dir}: the tokenizer has no EOS token. Set \"eos_token\" in its "
+                         "tokenizer_config.json (for a chat model, the end-of-turn token of its "
+                         "chat template, e.g. \"<|im_end|>\").")
     if tok.pad_token is None:  # batching needs one; the EOS token is never a trained pad here
         tok.pad_token = tok.eos_token
     return tok

@@ -73,8 +73,18 @@ def guess_info(model_dir: str) -> ModelInfo:
 def _read_json(path: str) -> dict:
     if not os.path.exists(path):
         return {}
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); the model folder is "
+                         "damaged: copy or download it again.") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text; the model folder is damaged: copy or "
+                         "download it again.") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a JSON object; the model folder is damaged.")
+    return data
 
 
 def check_model_name(model: str) -> None:
@@ -87,6 +97,7 @@ def check_model_name(model: str) -> None:
         if not os.path.exists(os.path.join(model, "config.json")):
             raise UsageError(f"--model {model}: the folder has no config.json, so it is not a "
                              "Hugging Face model folder.")
+        _read_json(os.path.join(model, "config.json"))  # damaged: say so before reading data
         return
     if lookup(model) is None and (model.startswith(("/", ".", "~")) or model.count("/") != 1):
         import difflib
