@@ -208,3 +208,104 @@ def test_merge_killed_midway_leaves_nothing_and_two_merges_do_not_collide(tiny_r
     assert (out / "config.json").exists()
     leftovers = [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
     assert leftovers == []  # the killed merge's temp folder was swept
+
+
+# -- stopping a multi-process run -------------------------------------------------------------
+LONG_2PROC = ["--model", "tiny-qwen2", "--dataset", "self-cognition#64", "--max_steps", "100000",
+              "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", "1",
+              "--save_steps", "100000", "--report_to", "none"]
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_rank_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in (
+        "SWIFTLITE_RUN_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    return {**env, "NPROC_PER_NODE": "2", "MASTER_PORT": str(_free_port()),
+            "OMP_NUM_THREADS": "1"}
+
+
+def _wait_for_training(pid: int, output_dir, timeout_s=240) -> list:
+    """The run's processes once both ranks are training (a loss row is logged)."""
+    from swiftlite.runtime.processes import tree
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        rows = [os.path.join(d, "logging.jsonl") for d, _, files in os.walk(output_dir)
+                if "logging.jsonl" in files]
+        members = tree(pid)
+        if rows and os.path.getsize(rows[0]) and len(members) >= 4:  # sft, torchrun, 2 workers
+            return members
+        time.sleep(0.5)
+    raise AssertionError(f"the 2-process run did not start training: {tree(pid)}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "kill"])
+def test_stopping_swiftlite_ends_every_rank_of_a_multi_process_run(tmp_path, how):
+    """Ctrl-C reaches the terminal's process group, not torchrun's workers (each in its own
+    session); `kill PID` (a scheduler, a timeout) reaches swiftlite alone. Before: on SIGTERM
+    swiftlite died at once and torchrun and both workers kept training; on Ctrl-C it
+    SIGKILLed torchrun after 0.25 s, leaving the workers to end on their own."""
+    from swiftlite.runtime.processes import running
+    proc = subprocess.Popen(sft_cmd(*LONG_2PROC, "--output_dir", tmp_path / "out"),
+                            env=_two_rank_env(), start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        members = _wait_for_training(proc.pid, tmp_path / "out")
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what the terminal does
+        else:
+            os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert running(members) == [], f"still running after Ctrl-C: {running(members)}"
+        assert proc.returncode == 130 and re.search(r"stopping \d+ process\(es\) of the run", out), \
+            out[-3000:]
+    finally:
+        from swiftlite.runtime.processes import end_tree, tree
+        end_tree(tree(proc.pid), ((signal.SIGKILL, 5),))
+
+
+@pytest.mark.slow
+def test_web_ui_stop_ends_every_rank_and_a_corrupt_state_cannot_start_a_second_run(tmp_path):
+    """Stop in the Web-UI says "stopped" only once every rank is gone (before: the workers kept
+    running while the UI said stopped and allowed a new Start). While the run lives, the
+    one-run lock is held by the run itself, so a damaged webui.json does not open it."""
+    from swiftlite.errors import UsageError
+    from swiftlite.runtime.processes import running
+    from swiftlite.webui.runs import STATE_FILE, RunManager, status
+    root = tmp_path / "out"
+    manager = RunManager(str(root))
+    env = _two_rank_env()
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        run_dir = manager.start(LONG_2PROC, str(root / "tiny-qwen2"), nproc=2)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    state_file = os.path.join(run_dir, STATE_FILE)
+    pid = json.load(open(state_file))["pid"]
+    try:
+        members = _wait_for_training(pid, run_dir)
+        good = open(state_file).read()
+        open(state_file, "w").write("{not json")
+        with pytest.raises(UsageError, match="still in progress"):
+            RunManager(str(root)).start(LONG_2PROC, str(root / "tiny-qwen2"))
+        open(state_file, "w").write(good)
+        manager.stop(run_dir)
+        deadline = time.time() + 90
+        while time.time() < deadline and status(run_dir) != "stopped":
+            time.sleep(0.2)
+        assert status(run_dir) == "stopped"
+        assert running(members) == [], f"'stopped' while these run: {running(members)}"
+    finally:
+        from swiftlite.runtime.processes import end_tree, tree
+        end_tree(tree(pid), ((signal.SIGKILL, 5),))

@@ -289,3 +289,39 @@ def test_login_required_with_auth(tmp_path, browser):
         page.wait_for_selector("#train-start", timeout=30_000)
     finally:
         stop_app(proc, root)
+
+
+def test_foreign_hosts_cross_site_requests_and_big_uploads_are_refused(tmp_path):
+    """DNS rebinding (a foreign Host header), a cross-site request (a foreign Origin) and an
+    upload over --max_upload_size, against the real server; the app's own requests pass."""
+    import http.client
+    proc, url, root, log = start_app(tmp_path, "--max_upload_size", "64KiB")
+    port = int(url.rsplit(":", 1)[1].strip("/"))
+
+    def get(path, **headers):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        c.request("GET", path, headers=headers)
+        r = c.getresponse()
+        return r.status, r.read().decode("utf-8", "replace")
+
+    def upload(size):
+        body = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"d.jsonl\"\r\n"
+                b"Content-Type: application/octet-stream\r\n\r\n" + b"x" * size + b"\r\n--b--\r\n")
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        c.request("POST", "/gradio_api/upload", body=body,
+                  headers={"Content-Type": "multipart/form-data; boundary=b"})
+        r = c.getresponse()
+        return r.status, r.read().decode("utf-8", "replace")
+
+    try:
+        assert get("/config")[0] == 200
+        status, body = get("/config", Host=f"attacker.example:{port}")
+        assert status == 403 and "not a name of this Web-UI" in body
+        status, body = get("/config", Origin="http://attacker.example")
+        assert status == 403 and "cross-site request" in body
+        assert get("/config", Origin=f"http://127.0.0.1:{port}")[0] == 200
+        assert upload(1000)[0] == 200
+        status, body = upload(200_000)
+        assert status == 413, (status, body)
+    finally:
+        stop_app(proc, root)

@@ -17,6 +17,7 @@ from swiftlite.config.arguments import SftArguments
 from swiftlite.config.argv import parse_argv
 from swiftlite.errors import UsageError
 from swiftlite.webui import form
+from swiftlite.webui.policy import Policy
 from swiftlite.webui.runs import RunManager, describe, find_runs, status, write_state
 
 from conftest import CHAT_ROWS, write_jsonl
@@ -27,6 +28,11 @@ def _form(**overrides) -> dict:
     raw = {f.name: form.widget_value(f, form.default(f)) for f in form.fields()}
     raw.update(overrides)
     return raw
+
+
+def _policy(tmp_path) -> Policy:
+    """Runs under tmp_path; the session's shared data files (beside it) may be read."""
+    return Policy(str(tmp_path), [str(tmp_path.parent)])
 
 
 def _round_trip(args: SftArguments) -> SftArguments:
@@ -45,7 +51,7 @@ def test_form_is_generated_from_the_dataclass():
 
 def test_untouched_form_is_the_cli_default(tmp_path, chat_jsonl):
     args = form.to_args(_form(model="tiny-qwen2", dataset=chat_jsonl),
-                        output_root=str(tmp_path))
+                        policy=_policy(tmp_path))
     cli = parse_argv(SftArguments, ["--model", "tiny-qwen2", "--dataset", chat_jsonl,
                                     "--output_dir", str(tmp_path / "tiny-qwen2")], "sft", "")
     assert args == cli
@@ -64,7 +70,7 @@ def test_round_trip_with_every_kind_of_field(tmp_path, chat_jsonl):
                 gradient_checkpointing=False, skip_bad_rows=True, save_total_limit="2",
                 output_dir=str(tmp_path / "runs"))
     args = form.to_args(raw, "--report_to none --eval_strategy=no --dataloader_num_workers 0",
-                        output_root=str(tmp_path))
+                        policy=_policy(tmp_path))
     assert args.dataset == ["self-cognition#32", other]
     assert args.model_name == ["Swifty", "斯威夫特"]
     assert args.learning_rate == 3e-4 and args.gradient_checkpointing is False
@@ -82,7 +88,7 @@ def test_preview_command_is_what_the_cli_runs(tmp_path, chat_jsonl):
     (--help after the flags: argparse parses them all, then prints help and exits 0)."""
     args = form.to_args(_form(model="tiny-qwen2", dataset=chat_jsonl, max_steps="3",
                               target_modules="q_proj k_proj", gradient_checkpointing=False),
-                        "--report_to none", output_root=str(tmp_path))
+                        "--report_to none", policy=_policy(tmp_path))
     cmd = form.preview(args).replace("swiftlite sft", f"{shlex.quote(sys.executable)} -m "
                                      "swiftlite.cli sft", 1) + " --help"
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
@@ -106,22 +112,23 @@ def test_preview_command_is_what_the_cli_runs(tmp_path, chat_jsonl):
 def test_form_errors_name_the_field(tmp_path, chat_jsonl, edits, extra, expected):
     raw = _form(**{"model": "tiny-qwen2", "dataset": chat_jsonl, **edits})
     with pytest.raises(UsageError) as e:
-        form.to_args(raw, extra, output_root=str(tmp_path))
+        form.to_args(raw, extra, policy=_policy(tmp_path))
     assert expected in str(e.value)
 
 
 def test_several_problems_reported_together(tmp_path):
     with pytest.raises(UsageError) as e:
-        form.to_args(_form(model="", dataset="", lora_rank="-1"), output_root=str(tmp_path))
+        form.to_args(_form(model="", dataset="", lora_rank="-1"), policy=_policy(tmp_path))
     msg = str(e.value)
     assert "--model is required" in msg and "--dataset is required" in msg and "--lora_rank" in msg
 
 
 def test_model_folder_must_be_a_model(tmp_path, chat_jsonl, tiny_qwen2):
+    allowed = Policy(str(tmp_path), [str(tmp_path.parent), os.path.dirname(tiny_qwen2)])
     assert form.to_args(_form(model=tiny_qwen2, dataset=chat_jsonl),
-                        output_root=str(tmp_path)).model == tiny_qwen2
+                        policy=allowed).model == tiny_qwen2
     with pytest.raises(UsageError, match="has no config.json"):
-        form.to_args(_form(model=str(tmp_path), dataset=chat_jsonl), output_root=str(tmp_path))
+        form.to_args(_form(model=str(tmp_path), dataset=chat_jsonl), policy=_policy(tmp_path))
 
 
 def test_run_states_live_on_disk(tmp_path):
@@ -248,7 +255,7 @@ def test_run_list_tolerates_a_run_name_it_no_longer_lists(tmp_path):
         (root / "m" / name / "args.json").write_text("{}")
         os.utime(root / "m" / name, (time.time() - age,) * 2)  # newest first: by mtime
     with gr.Blocks():
-        tab = train_tab.build(RunManager(str(root)))
+        tab = train_tab.build(RunManager(str(root)), Policy(str(root)))
     run_select = tab["refresh_inputs"]
     run_select.choices = [("m/v1-20260101-000001",) * 2]  # what Start sent this session
     assert run_select.preprocess("m/v0-deleted") == "m/v0-deleted"  # no "not in the list" error

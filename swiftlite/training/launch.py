@@ -149,13 +149,46 @@ def maybe_relaunch(args) -> None:
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _nproc(cmd))))
     from swiftlite.config.secrets import redact_argv
     info("launching: " + shlex.join(redact_argv(cmd)))
-    rc = subprocess.call(cmd, env=env)
+    rc = _run_to_the_end(cmd, env)
     if nnodes == 1:
         from swiftlite.runtime.output import remove_if_empty
         remove_if_empty(env[RUN_DIR_ENV])
     if rc != 0:
         raise RunError(f"the distributed run failed (exit code {rc}); see the log above.")
     sys.exit(0)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _run_to_the_end(cmd: list[str], env: dict) -> int:
+    """Run torchrun and wait for it; on Ctrl-C or SIGTERM, end it and every worker (which
+    torchrun starts in sessions of their own, out of reach of the terminal's signal) before
+    returning. subprocess.call would SIGKILL torchrun 0.25 s after a Ctrl-C and leave the
+    workers running."""
+    import signal
+
+    from swiftlite.runtime.processes import end_tree, tree
+
+    def on_term(signum, frame):
+        raise _Stopped()
+
+    proc = subprocess.Popen(cmd, env=env)
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return proc.wait()
+    except (KeyboardInterrupt, _Stopped):
+        members = tree(proc.pid)
+        info(f"stopping {len(members)} process(es) of the run (torchrun and its workers)...")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut this short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        end_tree(members)
+        proc.wait()
+        raise KeyboardInterrupt from None
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_term:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def agree_run_dir(args) -> str:

@@ -35,6 +35,22 @@ class WebUIArguments:
                               group="web-ui")
     output_root: str = arg("output", "folder for runs, uploads and merged models; the runs "
                            "list shows the runs found here", group="web-ui")
+    allowed_paths: list[str] = arg(None, "more folders a browser user may read models, data, "
+                                   "templates and checkpoints from (everything else outside "
+                                   "the output root is refused)", group="web-ui", factory=list)
+    allow_remote_code: bool = arg(False, "let browser users tick trust_remote_code (runs Python "
+                                  "code shipped with a model)", group="web-ui")
+    allow_hub: bool = arg(False, "let browser users download models from the Hugging Face hub",
+                          group="web-ui")
+    allow_custom_deepspeed: bool = arg(False, "let browser users give DeepSpeed config files or "
+                                       "JSON (a config can make DeepSpeed write anywhere); "
+                                       "otherwise only the presets", group="web-ui")
+    allowed_hosts: list[str] = arg(None, "Host header values to answer (DNS-rebinding "
+                                   "protection), e.g. gpu-box.lan; default: loopback names, "
+                                   "--host and this machine's name", group="web-ui",
+                                   factory=list)
+    max_upload_size: str = arg("1GiB", "largest file a browser may upload", group="web-ui")
+    max_new_tokens: int = arg(2048, "longest answer the Infer tab may ask for", group="web-ui")
 
     def credentials(self) -> tuple[str, str] | None:
         value = self.auth or os.environ.get(AUTH_ENV) or None
@@ -47,14 +63,48 @@ class WebUIArguments:
         return user, password
 
 
-def create_app(output_root: str = "output"):
-    """The gr.Blocks app; the runs and uploads live under output_root."""
+    def policy(self):
+        from swiftlite.webui.policy import Policy
+        missing = [p for p in self.allowed_paths if not os.path.isdir(p)]
+        if missing:
+            raise UsageError(f"--allowed_paths {' '.join(missing)}: no such folder")
+        return Policy(os.path.abspath(self.output_root),
+                      [os.path.abspath(p) for p in self.allowed_paths],
+                      allow_remote_code=self.allow_remote_code, allow_hub=self.allow_hub,
+                      allow_custom_deepspeed=self.allow_custom_deepspeed,
+                      max_new_tokens=self.max_new_tokens)
+
+    def check_exposure(self) -> None:
+        """Reachable from other machines means anyone there can train and run code: only
+        behind a login."""
+        if self.credentials() is None and (self.share or not is_loopback(self.host)):
+            how = "--share publishes a public link" if self.share else \
+                f"--host {self.host} listens beyond this machine"
+            raise UsageError(f"{how}, so a login is required: add --auth user:password (or set "
+                             f"{AUTH_ENV}), or listen on 127.0.0.1 only.")
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def create_app(output_root: str = "output", policy=None):
+    """The gr.Blocks app; the runs and uploads live under output_root; `policy`
+    (webui.policy.Policy) is what browser users may do, by default the strictest."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
     from swiftlite.webui import export_tab, infer_tab, train_tab
+    from swiftlite.webui.policy import Policy
     from swiftlite.webui.runs import RunManager
 
+    policy = policy or Policy(os.path.abspath(output_root))
     manager = RunManager(output_root)
     # The form checks unknown flags against transformers.TrainingArguments. Import it now:
     # transformers' lazy imports are not thread-safe, and handlers run in worker threads.
@@ -63,9 +113,9 @@ def create_app(output_root: str = "output"):
     with gr.Blocks(title="swiftlite", analytics_enabled=False) as demo:
         gr.Markdown("## swiftlite: LoRA fine-tuning for Qwen2-class models")
         with gr.Tabs():
-            train = train_tab.build(manager)
-            infer_tab.build(manager)
-            export_tab.build(manager)
+            train = train_tab.build(manager, policy)
+            infer_tab.build(manager, policy)
+            export_tab.build(manager, policy)
         demo.load(train["refresh"], train["refresh_inputs"], train["refresh_outputs"])
     return demo
 
@@ -74,17 +124,30 @@ def main(argv: list[str]) -> None:
     from swiftlite.config.argv import parse_argv
     args = parse_argv(WebUIArguments, argv, "swiftlite web-ui", "Start the Gradio Web-UI.")
     credentials = args.credentials()
+    args.check_exposure()
     if not 0 < args.port < 65536:
         raise UsageError(f"--port {args.port}: expected 1-65535")
+    from swiftlite.config.sizes import parse_size
+    try:
+        max_upload = parse_size(args.max_upload_size)
+    except ValueError as e:
+        raise UsageError(f"--max_upload_size: {e}") from None
+    policy = args.policy()
     _check_port_free(args.host, args.port)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
-    demo = create_app(args.output_root)
+    from starlette.middleware import Middleware
+
+    from swiftlite.webui.guard import HostOriginGuard, default_hosts
+    hosts = args.allowed_hosts or default_hosts(args.host, args.share)
+    demo = create_app(args.output_root, policy)
     print(f"[swiftlite] web-ui: http://{args.host}:{args.port} (runs in "
           f"{os.path.abspath(args.output_root)})", flush=True)
     demo.queue(default_concurrency_limit=4).launch(
         server_name=args.host, server_port=args.port, share=args.share, auth=credentials,
-        ssr_mode=False, quiet=True, show_error=True, theme=gr.themes.Default(), css=CSS)
+        ssr_mode=False, quiet=True, show_error=True, theme=gr.themes.Default(), css=CSS,
+        max_file_size=max_upload,
+        app_kwargs={"middleware": [Middleware(HostOriginGuard, hosts=hosts)]})
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -20,10 +20,12 @@ from swiftlite.webui.choices import adapter_checkpoints, is_adapter, labelled
 
 def merge_fields():
     from swiftlite.config.arguments import MergeArguments
-    return [f for f in dataclasses.fields(MergeArguments) if f.name != "ckpt_dir"]
+    # exist_ok is not offered: the Web-UI writes only new folders (webui.policy)
+    return [f for f in dataclasses.fields(MergeArguments) if f.name not in ("ckpt_dir",
+                                                                            "exist_ok")]
 
 
-def merge_args(ckpt_dir: str, values: dict, root: str):
+def merge_args(ckpt_dir: str, values: dict, policy):
     """Widget values -> validated MergeArguments; typed paths checked; one UsageError."""
     from swiftlite.config.arguments import MergeArguments
     from swiftlite.config.parsing import build
@@ -38,9 +40,7 @@ def merge_args(ckpt_dir: str, values: dict, root: str):
     if args.ckpt_dir and os.path.isdir(args.ckpt_dir) and not is_adapter(args.ckpt_dir):
         problems.append(f"--ckpt_dir {args.ckpt_dir}: no adapter_config.json, so not a LoRA "
                         "checkpoint (a merged model needs no merging)")
-    target = output_of(args)
-    if target and not form.inside(target, root):
-        problems.append(f"--output_dir {target}: must be inside the output root {root}")
+    problems += policy.merge_problems(args, output_of(args))
     if problems:
         raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
     return args
@@ -53,7 +53,7 @@ def output_of(args) -> str | None:
     return os.path.normpath(args.ckpt_dir) + "-merged" if args.ckpt_dir else None
 
 
-def build(manager) -> None:
+def build(manager, policy) -> None:
     root = manager.root
     with gr.Tab("Export", id="export", elem_id="tab-export"):
         gr.Markdown("Merge a LoRA checkpoint into a plain transformers model "
@@ -88,7 +88,7 @@ def build(manager) -> None:
 
     def merge(ckpt_dir, *values):
         try:
-            args = merge_args(ckpt_dir, {f.name: v for f, v in zip(fields, values)}, root)
+            args = merge_args(ckpt_dir, {f.name: v for f, v in zip(fields, values)}, policy)
         except SwiftliteError as e:
             items = [x.strip()[2:] for x in str(e).splitlines()[1:]] or [str(e)]
             yield ("<div class='form-error'><b>Please fix:</b><ul>" + "".join(

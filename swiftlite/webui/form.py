@@ -120,8 +120,15 @@ def parse_extra(text: str) -> dict:
     return flag_pairs(words, where="extra arguments")
 
 
-def to_args(raw: dict, extra: str = "", *, output_root: str | None = None) -> SftArguments:
-    """Form -> validated SftArguments; one UsageError listing every problem."""
+def to_args(raw: dict, extra: str = "", *, output_root: str | None = None,
+            policy=None) -> SftArguments:
+    """Form -> validated SftArguments; one UsageError listing every problem, including what
+    the operator's policy (webui.policy; by default the strictest one for output_root) does
+    not allow."""
+    if policy is None and output_root:
+        from swiftlite.webui.policy import Policy
+        policy = Policy(output_root)
+    output_root = policy.root if policy else output_root
     values = form_values(raw, extra)
     if output_root and values.get("model") and not values.get("output_dir"):
         from swiftlite.models.registry import model_name
@@ -138,13 +145,15 @@ def to_args(raw: dict, extra: str = "", *, output_root: str | None = None) -> Sf
         args.validate()
     except UsageError as e:
         problems += [line.strip()[2:] for line in str(e).splitlines()[1:]]
-    problems += check_paths(args, output_root)
+    problems += check_paths(args)
+    if policy is not None:
+        problems += policy.sft_problems(args)
     if problems:
         raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
     return args
 
 
-def check_paths(args: SftArguments, output_root: str | None) -> list[str]:
+def check_paths(args: SftArguments) -> list[str]:
     """Typed paths must exist and be of the right kind; nothing is downloaded to check."""
     from swiftlite.data.loader import BUILTIN, parse_spec
     from swiftlite.models.registry import MODELS, lookup
@@ -171,19 +180,12 @@ def check_paths(args: SftArguments, output_root: str | None) -> list[str]:
         if not os.path.isfile(path):
             problems.append(f"--dataset {spec}: no such file, and not a built-in dataset "
                             f"({', '.join(BUILTIN)})")
-    if args.deepspeed and args.deepspeed.endswith(".json") and not os.path.isfile(args.deepspeed):
+    if isinstance(args.deepspeed, str) and args.deepspeed.endswith(".json") and \
+            not os.path.isfile(args.deepspeed):
         problems.append(f"--deepspeed {args.deepspeed}: no such file")
     if args.template and os.sep in args.template and not os.path.isfile(args.template):
         problems.append(f"--template {args.template}: no such file")
-    if output_root and args.output_dir and not inside(args.output_dir, output_root):
-        problems.append(f"--output_dir {args.output_dir}: must be inside the Web-UI's output root "
-                        f"{output_root} (where the runs list looks)")
     return problems
-
-
-def inside(path: str, root: str) -> bool:
-    path, root = os.path.realpath(path), os.path.realpath(root)
-    return os.path.commonpath([path, root]) == root
 
 
 def command_argv(args) -> list[str]:

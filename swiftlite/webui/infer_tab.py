@@ -27,14 +27,19 @@ def gen_fields():
     return dataclasses.fields(GenerationArguments)
 
 
-def gen_kwargs(source: str, values: dict) -> dict:
-    """Widget texts -> checked generation kwargs for InferEngine.stream (UsageError if bad)."""
+def gen_kwargs(source: str, values: dict, max_new_tokens: int | None = None) -> dict:
+    """Widget texts -> checked generation kwargs for InferEngine.stream (UsageError if bad);
+    max_new_tokens is the operator's cap per answer."""
     from swiftlite.config.arguments import GenerationArguments, InferArguments
     from swiftlite.config.parsing import build
+    from swiftlite.errors import UsageError
     given = {k: v for k, v in values.items() if not (isinstance(v, str) and not v.strip())}
     build(InferArguments, {"model": source or "model", **given}, where="generation settings"
           ).validate()  # the CLI's range checks (temperature >= 0, 0 < top_p <= 1, ...)
     gen = build(GenerationArguments, given, where="generation settings")
+    if max_new_tokens is not None and gen.max_new_tokens > max_new_tokens:
+        raise UsageError(f"max_new_tokens {gen.max_new_tokens}: at most {max_new_tokens} in this "
+                         "Web-UI (the operator's --max_new_tokens)")
     return {f.name: getattr(gen, f.name) for f in dataclasses.fields(gen)}
 
 
@@ -48,7 +53,7 @@ def load_engine(source: str):
     return InferEngine.load(model=source)
 
 
-def build(manager) -> None:
+def build(manager, policy) -> None:
     root = manager.root
     with gr.Tab("Infer", id="infer", elem_id="tab-infer"):
         with gr.Row():
@@ -93,6 +98,9 @@ def build(manager) -> None:
             return "<div class='form-error'>Choose a checkpoint or model first.</div>", gr.skip()
         if src.startswith(("/", ".")) and not os.path.isdir(src):
             return f"<div class='form-error'>{html.escape(src)}: no such folder.</div>", gr.skip()
+        refused = policy.infer_problems(src)
+        if refused:
+            return f"<div class='form-error'>{html.escape('; '.join(refused))}</div>", gr.skip()
         with _lock:
             _free()
             try:
@@ -129,7 +137,8 @@ def build(manager) -> None:
         history += [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
         try:
             gen = gen_kwargs(_engine["name"], {f.name: v for f, v in zip(gen_fields(),
-                                                                         gen_values)})
+                                                                         gen_values)},
+                             policy.max_new_tokens)
             tool_list = parse_tools(tools_text)
         except SwiftliteError as e:
             history[-1]["content"] = f"(not sent: {e})"

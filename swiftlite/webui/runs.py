@@ -56,11 +56,19 @@ def read_state(run_dir: str) -> dict:
 
 
 def write_state(run_dir: str, **updates) -> dict:
-    state = {**read_state(run_dir), **updates}
-    tmp = os.path.join(run_dir, f".{STATE_FILE}.{os.getpid()}.{threading.get_ident()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f, indent=2)
-    os.replace(tmp, os.path.join(run_dir, STATE_FILE))  # readers never see half a file
+    """Update webui.json: under a lock on the run folder (the watcher, Stop and a second
+    Web-UI may write at once; none loses another's update), replaced atomically (readers never
+    see half a file)."""
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        state = {**read_state(run_dir), **updates}
+        tmp = os.path.join(run_dir, f".{STATE_FILE}.{os.getpid()}.{threading.get_ident()}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=2)
+        os.replace(tmp, os.path.join(run_dir, STATE_FILE))
+    finally:
+        os.close(fd)  # releases the lock
     return state
 
 
@@ -74,11 +82,28 @@ def _alive(state: dict) -> bool:
         return False
 
 
+def _members(state: dict) -> list:
+    """The run's processes recorded when Stop was pressed (swiftlite, torchrun, workers)."""
+    import psutil
+    out = []
+    for pid, created in state.get("members", []):
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) < 1:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
 def status(run_dir: str) -> str:
     state = read_state(run_dir)
     if not state:  # a run started from the CLI
         return "finished" if os.path.exists(os.path.join(run_dir, "metrics.json")) \
             else "incomplete"
+    from swiftlite.runtime.processes import running
+    if state.get("stop_requested") and running(_members(state)):
+        return "stopping"  # stopped means every rank is gone
     if state.get("status") in FINAL:
         return state["status"]
     if _alive(state):
@@ -168,6 +193,7 @@ class RunManager:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
         self._lock_path = os.path.join(self.root, ".webui.lock")
+        self._run_lock_path = os.path.join(self.root, ".webui-run.lock")
 
     def active(self) -> list[str]:
         return [r for r in find_runs(self.root) if status(r) in ("running", "stopping")]
@@ -181,6 +207,19 @@ class RunManager:
             if busy:
                 raise UsageError(f"a run is already in progress ({os.path.relpath(busy[0], self.root)});"
                                  " wait for it to finish or stop it, then start again.")
+            # The one-run lock itself is held by the run: its process inherits the locked file,
+            # so the lock lasts exactly as long as the run, whatever webui.json says (a second
+            # Web-UI, a deleted or corrupt state file cannot start a second run beside it).
+            run_lock = open(self._run_lock_path, "a+")
+            try:
+                fcntl.flock(run_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                run_lock.seek(0)
+                holder = run_lock.read().strip() or "?"
+                run_lock.close()
+                raise UsageError(f"a run started from a Web-UI is still in progress (pid "
+                                 f"{holder}, holding {self._run_lock_path}); wait for it to "
+                                 "finish or stop it, then start again.") from None
             run_dir = claim_run_dir(output_dir)
             cmd = [sys.executable, "-m", "swiftlite.cli", "sft", *argv]
             import shlex
@@ -190,10 +229,17 @@ class RunManager:
                         command_line=shlex.join(redact_argv(shlex.split(command_line))),
                         nproc=nproc, started=time.time())
             log = open(os.path.join(run_dir, LOG_FILE), "ab")
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=child_env(nproc, run_dir),
-                                    start_new_session=True)  # own process group for Stop
-            log.close()
+            try:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, env=child_env(nproc, run_dir),
+                                        start_new_session=True,  # own process group for Stop
+                                        pass_fds=(run_lock.fileno(),))
+                run_lock.truncate(0)
+                run_lock.write(str(proc.pid))
+                run_lock.flush()
+            finally:
+                log.close()
+                run_lock.close()  # the child keeps it locked
             import psutil
             write_state(run_dir, status="running", pid=proc.pid, pgid=proc.pid,
                         create_time=psutil.Process(proc.pid).create_time())
@@ -208,29 +254,27 @@ class RunManager:
         write_state(run_dir, status=final, returncode=rc, ended=time.time())
 
     def stop(self, run_dir: str) -> str:
-        """Ask the run's process group to end (SIGINT, then SIGTERM, then SIGKILL)."""
+        """End the run and every process it started (see runtime.processes); the run says
+        "stopping" until the last of them is gone."""
+        from swiftlite.runtime.processes import tree
         state = read_state(run_dir)
         if status(run_dir) != "running":
             raise UsageError(f"{os.path.basename(run_dir)} is not running "
                              f"({status(run_dir)}); nothing to stop.")
-        write_state(run_dir, stop_requested=True, stop_time=time.time())
-        threading.Thread(target=self._escalate, args=(run_dir, state), daemon=True).start()
+        members = tree(state["pid"], state.get("create_time"))
+        write_state(run_dir, stop_requested=True, stop_time=time.time(),
+                    members=[[p.pid, p.create_time()] for p in members])
+        threading.Thread(target=self._end, args=(run_dir, members), daemon=True).start()
         return "stopping"
 
     @staticmethod
-    def _escalate(run_dir: str, state: dict) -> None:
-        for sig, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 5),
-                            (signal.SIGKILL, 0)):
-            if not _alive(state):
-                break
-            try:
-                os.killpg(state["pgid"], sig)
-            except ProcessLookupError:
-                break
-            deadline = time.time() + wait_s
-            while time.time() < deadline and _alive(state):
-                time.sleep(0.2)
-        if read_state(run_dir).get("status") not in FINAL and not _alive(state):
+    def _end(run_dir: str, members: list) -> None:
+        from swiftlite.runtime.processes import end_tree, grow
+        members = grow(members)
+        write_state(run_dir, members=[[p.pid, p.create_time()] for p in members])
+        end_tree(members, ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 5),
+                           (signal.SIGKILL, 5)))
+        if read_state(run_dir).get("status") not in FINAL:
             # No watcher in this process (the run was started by an earlier Web-UI).
             time.sleep(0.5)
             if read_state(run_dir).get("status") not in FINAL:

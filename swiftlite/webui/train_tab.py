@@ -113,7 +113,7 @@ def _loss_frame(run_dir: str | None):
     return pd.DataFrame({"step": [r["step"] for r in rows], "loss": [r["loss"] for r in rows]})
 
 
-def build(manager: RunManager) -> dict:
+def build(manager: RunManager, policy) -> dict:
     """Lay out the tab inside the current gr.Blocks; returns the components other tabs use."""
     root = manager.root
     widgets = {}
@@ -187,7 +187,7 @@ def build(manager: RunManager) -> dict:
         except ValueError:
             raise UsageError(f"processes: expected a whole number of at least 1, got "
                              f"{vals[-2]!r}") from None
-        return form.to_args(raw, vals[-1], output_root=root), n
+        return form.to_args(raw, vals[-1], policy=policy), n
 
     def on_preview(*vals):
         try:

