@@ -309,3 +309,56 @@ def test_web_ui_stop_ends_every_rank_and_a_corrupt_state_cannot_start_a_second_r
     finally:
         from swiftlite.runtime.processes import end_tree, tree
         end_tree(tree(pid), ((signal.SIGKILL, 5),))
+
+
+# -- the encoding cache -----------------------------------------------------------------------
+ENCODE_ONE = """
+import json, sys
+from swiftlite.data import load_conversations
+from swiftlite.data.encode import encode_dataset
+from swiftlite.data.template import get_template
+from swiftlite.models.loader import load_tokenizer
+convs, _ = load_conversations(["self-cognition#3000"])
+template = get_template("qwen", load_tokenizer(sys.argv[1]))
+print("ready", flush=True)
+sys.stdin.readline()  # start together
+ds, report = encode_dataset(convs, template, max_length=256)
+print(json.dumps({"from_cache": report.from_cache, "rows": len(ds)}), flush=True)
+"""
+
+
+def test_ranks_on_a_cold_cache_encode_once_and_never_race(tmp_path, tiny_qwen2):
+    """Three processes (the ranks of a node) on a cold cache: one encodes, the others wait and
+    memory-map its result; what killed encoders left is swept. Before: every process encoded,
+    and the rmtree + rename of the cache folder raced (FileNotFoundError / ENOTEMPTY)."""
+    from swiftlite.data import load_conversations
+    from swiftlite.data.encode import cache_key
+    from swiftlite.data.template import get_template
+    from swiftlite.models.loader import load_tokenizer
+    cache = tmp_path / "cache"
+    env = {**os.environ, "SWIFTLITE_CACHE": str(cache)}
+    convs, _ = load_conversations(["self-cognition#3000"])
+    key = cache_key(convs, get_template("qwen", load_tokenizer(tiny_qwen2)), 256, "delete")
+    datasets_dir = cache / "datasets"
+    killed = [datasets_dir / f".train-{key}.tmp-4242", datasets_dir / ".train-k1ll3d00"]
+    for k in killed:
+        k.mkdir(parents=True)
+        (k / "data-00000-of-00001.arrow").write_bytes(b"\0" * 1000)
+    os.utime(killed[1], (time.time() - 2 * 86400,) * 2)  # the old naming: swept after a day
+    procs = [subprocess.Popen([sys.executable, "-c", ENCODE_ONE, tiny_qwen2], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready", p.stderr.read()[-3000:]
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sorted(r["from_cache"] for r in results) == [False, True, True], results
+    assert len({r["rows"] for r in results}) == 1
+    assert not any(k.exists() for k in killed)
+    assert [n for n in os.listdir(datasets_dir) if not n.endswith(".lock")] == [f"train-{key}"]

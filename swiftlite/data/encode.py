@@ -9,11 +9,11 @@ render) is a bad row like any other: named with its file:line, before any weight
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -81,32 +81,103 @@ def cache_key(conversations: list, template: ChatTemplate, max_length: int, stra
 def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: int,
                    truncation_strategy: str = "delete", name: str = "train",
                    use_cache: bool = True, skip_bad_rows: bool = False):
-    """A datasets.Dataset with input_ids/labels/length, and an EncodeReport."""
-    import datasets
+    """A datasets.Dataset with input_ids/labels/length, and an EncodeReport.
 
+    With the cache, one process encodes and the others wait for it (a lock per cache entry):
+    the ranks of a run on one node, or two runs on the same data, never encode the same
+    rows twice nor race to write the same folder; they all memory-map the one result."""
     if truncation_strategy not in TRUNCATION_STRATEGIES:
         raise UsageError(f"--truncation_strategy {truncation_strategy}: use one of "
                          f"{', '.join(TRUNCATION_STRATEGIES)}.")
+    encode = lambda: _encode(conversations, template, max_length, truncation_strategy, name,
+                             skip_bad_rows)  # noqa: E731
+    if not use_cache:
+        return encode()
     key = cache_key(conversations, template, max_length, truncation_strategy)
     path = os.path.join(cache_dir("datasets"), f"{name}-{key}")
-    report_path = os.path.join(path, "swiftlite_report.json")
-    if use_cache and os.path.exists(report_path):
-        try:
-            ds = datasets.load_from_disk(path)
-            with open(report_path) as f:
-                r = json.load(f)
-        except Exception as e:  # a damaged cache is rebuilt, never trusted
-            warn(f"{name}: ignoring the unreadable cache {path} ({type(e).__name__}); re-encoding")
-        else:
-            report = EncodeReport(samples=r["samples"], truncated=r["truncated"],
-                                  dropped=Counter(r["dropped"]), lengths=list(ds["length"]),
-                                  trained_tokens=r["trained_tokens"], cache_path=path,
-                                  from_cache=True)
-            info(f"{name}: tokenised data loaded from the cache {path}")
-            return ds, report
+    with _entry_lock(path):
+        cached = _load_cache(path, name)
+        if cached is not None:
+            return cached
+        _sweep(path)
+        ds, report = encode()
+        report.cache_path = path
+        if len(ds):  # an empty result is an error for the caller, not worth caching
+            ds = _write_cache(ds, report, path)
+            info(f"{name}: tokenised {len(ds)} samples, cached in {path}")
+        return ds, report
 
+
+@contextlib.contextmanager
+def _entry_lock(path: str):
+    """An exclusive lock on one cache entry, held while it is checked and written. The lock
+    files stay (removing one while another process waits on it would let a third in)."""
+    import fcntl
+    with open(f"{os.path.dirname(path)}/.{os.path.basename(path)}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _load_cache(path: str, name: str):
+    import datasets
+    report_path = os.path.join(path, "swiftlite_report.json")
+    if not os.path.exists(report_path):  # absent, or cut short before its report
+        return None
+    try:
+        ds = datasets.load_from_disk(path)
+        with open(report_path) as f:
+            r = json.load(f)
+    except Exception as e:  # a damaged cache is rebuilt, never trusted
+        warn(f"{name}: ignoring the unreadable cache {path} ({type(e).__name__}); re-encoding")
+        return None
+    report = EncodeReport(samples=r["samples"], truncated=r["truncated"],
+                          dropped=Counter(r["dropped"]), lengths=list(ds["length"]),
+                          trained_tokens=r["trained_tokens"], cache_path=path, from_cache=True)
+    info(f"{name}: tokenised data loaded from the cache {path}")
+    return ds, report
+
+
+def _sweep(path: str) -> None:
+    """Under the entry's lock: what killed writers of this entry left (its temp folders, a
+    folder without its report), and temp folders of the old naming a day old or more."""
+    import re
+    import time
+    folder, base = os.path.split(path)
+    for n in os.listdir(folder):
+        p = os.path.join(folder, n)
+        ours = n.startswith(f".{base}.tmp-")
+        legacy = re.fullmatch(r"\.(train|val)-[a-z0-9_]{8}", n) is not None
+        try:
+            if ours or (legacy and time.time() - os.path.getmtime(p) > 86400):
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)  # no report: never finished
+
+
+def _write_cache(ds, report: EncodeReport, path: str):
+    """Written beside the entry and renamed into place complete; returns the memory-mapped
+    copy (no second copy in RAM)."""
+    import datasets
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        # Our own bar already showed the work; datasets' "Saving the dataset" bar says no more.
+        with quiet_progress_bars():
+            ds.save_to_disk(tmp)
+        with open(os.path.join(tmp, "swiftlite_report.json"), "w") as f:
+            json.dump(report.to_dict(), f)
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return datasets.load_from_disk(path)
+
+
+def _encode(conversations: list, template: ChatTemplate, max_length: int, truncation_strategy: str,
+            name: str, skip_bad_rows: bool):
+    import datasets
     from tqdm.auto import tqdm
-    report = EncodeReport(samples=len(conversations), cache_path=path)
+    report = EncodeReport(samples=len(conversations))
     columns = {"input_ids": [], "labels": [], "length": []}
     bar = tqdm(total=len(conversations), desc=f"Tokenising {name}", unit="rows",
                disable=len(conversations) < 2 * _CHUNK)
@@ -144,23 +215,7 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
         warn(f"{name}: left out {len(rejected)} row(s) the chat template cannot render "
              f"(first: {rejected[0]})")
     report.lengths = columns["length"]
-    ds = datasets.Dataset.from_dict(columns)
-    if use_cache and len(ds):  # an empty result is an error for the caller, not worth caching
-        tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(path))
-        try:
-            # Our own bar above already showed the work; datasets' "Saving the dataset" bar
-            # for writing the cache says nothing more.
-            with quiet_progress_bars():
-                ds.save_to_disk(tmp)
-            with open(os.path.join(tmp, "swiftlite_report.json"), "w") as f:
-                json.dump(report.to_dict(), f)
-            shutil.rmtree(path, ignore_errors=True)
-            os.rename(tmp, path)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        ds = datasets.load_from_disk(path)  # memory-mapped: no second copy in RAM
-        info(f"{name}: tokenised {len(ds)} samples, cached in {path}")
-    return ds, report
+    return datasets.Dataset.from_dict(columns), report
 
 
 def describe(report: EncodeReport, name: str, max_length: int) -> str:
