@@ -156,6 +156,20 @@ def test_bad_requests_get_openai_shaped_errors(server, body, key, status, words)
 
 
 @pytest.mark.slow
+def test_a_foreign_host_header_is_refused(server, client):
+    """DNS rebinding: a page on attacker.example resolving to 127.0.0.1 would reach the server
+    with its own Host; a browser page elsewhere would send its Origin. Both get 403; the
+    openai client (no Origin, Host 127.0.0.1) is served."""
+    import http.client
+    port = int(server["url"].split(":")[2].split("/")[0])
+    for headers in ({"Host": f"attacker.example:{port}"}, {"Origin": "http://attacker.example"}):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        c.request("GET", "/v1/models", headers={"Authorization": f"Bearer {KEY}", **headers})
+        assert c.getresponse().status == 403, headers
+    assert {m.id for m in client.models.list()} >= {"a", "b"}
+
+
+@pytest.mark.slow
 def test_load_64_streaming_clients_some_leaving(server, client):
     import psutil
     proc = psutil.Process(server["proc"].pid)

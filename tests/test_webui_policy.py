@@ -133,7 +133,7 @@ def test_an_exposed_web_ui_needs_a_login(tmp_path, capsys, monkeypatch, flags):
 
 
 def test_host_and_origin_checks():
-    from swiftlite.webui.guard import default_hosts, problem
+    from swiftlite.runtime.http_guard import default_hosts, problem
     hosts = default_hosts("127.0.0.1", share=False)
     assert problem("127.0.0.1:7860", "", hosts) is None
     assert problem("localhost:7860", "http://localhost:7860", hosts) is None

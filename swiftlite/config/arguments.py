@@ -316,6 +316,9 @@ class DeployArguments(ModelArguments):
     allow_remote_without_key: bool = arg(False, "serve a non-loopback --host without an API key "
                                          "(anyone who reaches the port can use the model)",
                                          group="deploy")
+    allowed_hosts: list[str] = arg(help="pt: Host header values to answer (DNS-rebinding "
+                                   "protection; default: loopback names, --host and this "
+                                   "machine's names; * for any)", factory=list, group="deploy")
     max_batch_size: Optional[int] = arg(None, "requests generated together (default: "
                                         f"{DEPLOY_PT_BATCH} with pt; vLLM's own with vllm)",
                                         group="deploy")
@@ -355,6 +358,10 @@ class DeployArguments(ModelArguments):
                 "vllm_python", "max_model_len", "vllm_args") if getattr(self, k) is not None]
             if self.tensor_parallel_size != 1:
                 problems.append("--tensor_parallel_size needs --infer_backend vllm")
+        elif self.allowed_hosts:
+            problems.append("--allowed_hosts is checked by the pt server only; vLLM's server "
+                            "does not check Host headers (keep it on loopback or behind a "
+                            "proxy that does)")
         _raise_if(problems)
         return self
 

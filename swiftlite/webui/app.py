@@ -138,7 +138,7 @@ def main(argv: list[str]) -> None:
     import gradio as gr
     from starlette.middleware import Middleware
 
-    from swiftlite.webui.guard import HostOriginGuard, default_hosts
+    from swiftlite.runtime.http_guard import HostOriginGuard, default_hosts
     hosts = args.allowed_hosts or default_hosts(args.host, args.share)
     demo = create_app(args.output_root, policy)
     print(f"[swiftlite] web-ui: http://{args.host}:{args.port} (runs in "

@@ -1,4 +1,4 @@
-"""Host and Origin checks in front of the Web-UI (an ASGI middleware).
+"""Host and Origin checks in front of the Web-UI and the deploy server (an ASGI middleware).
 
 DNS rebinding: a web page on attacker.example can make its own name resolve to 127.0.0.1 and
 then talk to a Web-UI on this machine as if it were its own site; the browser sends
