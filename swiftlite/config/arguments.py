@@ -45,6 +45,30 @@ class ModelArguments:
     attn_impl: Optional[str] = arg(None, "attention implementation (sdpa, eager, "
                                    "flash_attention_2); default: the fastest available",
                                    group="model")
+    quant_bits: Optional[int] = arg(None, "QLoRA: load the frozen base model in 4 or 8 bits "
+                                    "(bitsandbytes); LoRA only (docs/qlora.md)", group="model")
+    quant_method: Optional[str] = arg(None, "the quantization library for --quant_bits: bnb "
+                                      "(bitsandbytes, the only one and the default)",
+                                      group="model")
+    bnb_4bit_quant_type: str = arg("nf4", "4-bit number format: nf4 (QLoRA's normal float) or "
+                                   "fp4", choices=("nf4", "fp4"), group="model")
+    bnb_4bit_use_double_quant: bool = arg(True, "also quantize the 4-bit blocks' scales (about "
+                                          "0.4 bits per weight less)", group="model")
+
+    def quant_problems(self) -> list[str]:
+        """--quant_bits and its companions, checked before anything loads."""
+        if self.quant_bits is None:
+            return [f"--quant_method {self.quant_method} needs --quant_bits 4 or 8"] \
+                if self.quant_method else []
+        problems = []
+        if self.quant_bits not in (4, 8):
+            problems.append(f"--quant_bits {self.quant_bits}: bitsandbytes loads 4 or 8 bits")
+        if (self.quant_method or "bnb") != "bnb":
+            problems.append(f"--quant_method {self.quant_method}: only bnb (bitsandbytes)")
+        import importlib.util
+        if importlib.util.find_spec("bitsandbytes") is None:
+            problems.append("--quant_bits needs bitsandbytes: pip install bitsandbytes")
+        return problems
 
 
 @dataclass
@@ -193,6 +217,16 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
         if self.resume_from_checkpoint and not os.path.isdir(self.resume_from_checkpoint):
             problems.append(f"--resume_from_checkpoint {self.resume_from_checkpoint}: no such "
                             "folder")
+        problems += self.quant_problems()
+        if self.quant_bits is not None and self.train_type != "lora":
+            problems.append(f"--quant_bits {self.quant_bits} with --train_type "
+                            f"{self.train_type}: a quantized base cannot be trained itself; "
+                            "train LoRA adapters on it (--train_type lora)")
+        if self.quant_bits is not None and "zero3" in str(self.deepspeed or ""):
+            problems.append(f"--quant_bits with --deepspeed {self.deepspeed}: ZeRO-3 partitions "
+                            "the base weights, and bitsandbytes' packed 4/8-bit weights cannot "
+                            "be partitioned; use zero2 (or zero2_offload), which shards only "
+                            "the LoRA weights' optimizer state")
         _raise_if(problems)
         return self
 
@@ -275,6 +309,7 @@ class InferArguments(ModelArguments, GenerationArguments):
             problems.append("--query is empty")
         if self.query is not None and self.val_dataset:
             problems.append("give --query or --val_dataset, not both")
+        problems += self.quant_problems()
 
         problems += _check_choices(self)
         problems += _not_positive(self, ("max_new_tokens", "max_batch_size"))
@@ -353,6 +388,11 @@ class DeployArguments(ModelArguments):
         problems += _not_positive(self, ("max_queue_size", "port", "tensor_parallel_size"))
         problems += _not_positive(self, [k for k in ("max_model_len", "max_batch_size")
                                          if getattr(self, k) is not None])
+        problems += self.quant_problems()
+        if self.quant_bits is not None and self.infer_backend == "vllm":
+            problems.append("--quant_bits loads the base in bitsandbytes for the pt backend; "
+                            "for vLLM serve the merged model (vLLM has its own quantization, "
+                            "e.g. --vllm_args '--quantization bitsandbytes')")
         if self.infer_backend == "pt":
             problems += [f"--{k} is a vLLM setting; add --infer_backend vllm" for k in (
                 "vllm_python", "max_model_len", "vllm_args") if getattr(self, k) is not None]
@@ -386,9 +426,17 @@ class MergeArguments:
     exist_ok: bool = arg(False, "replace an existing output folder", group="model")
     verify: bool = arg(True, "compare merged and adapter logits on a few samples (loads the "
                        "model twice, one after the other)", group="model")
+    quant_bits: Optional[int] = arg(None, "refused: see validate", group="hidden")
 
     def validate(self) -> "MergeArguments":
         problems = []
+        if self.quant_bits is not None:
+            problems.append(f"--quant_bits {self.quant_bits}: merge-lora adds the adapter to the "
+                            "full-precision base (read from its safetensors files); merging into "
+                            f"{self.quant_bits}-bit weights would round the small LoRA updates "
+                            "away (one quantization step is far larger). Merge without it, then "
+                            "load the merged model quantized where it is served (swiftlite "
+                            f"infer/deploy --model MERGED --quant_bits {self.quant_bits})")
         if not self.ckpt_dir:
             problems.append("--ckpt_dir is required (a checkpoint folder written by swiftlite "
                             "sft, e.g. output/<model>/v0-.../checkpoint-50)")
@@ -433,10 +481,19 @@ class EstimateArguments:
     selective_checkpointing: bool = arg(False, "as sft's --selective_checkpointing (LoRA): the "
                                         "output of every frozen matmul kept with each "
                                         "checkpointed layer input", group="train")
+    quant_bits: Optional[int] = arg(None, "as sft's --quant_bits (QLoRA): the frozen linear "
+                                    "layers in 4 or 8 bits, with their quantization scales",
+                                    group="tuner")
+    bnb_4bit_use_double_quant: bool = arg(True, "as sft's: 4-bit scales quantized too",
+                                          group="tuner")
     json: bool = arg(False, "print JSON instead of the table", group="train")
 
     def validate(self) -> "EstimateArguments":
         problems = []
+        if self.quant_bits not in (None, 4, 8):
+            problems.append(f"--quant_bits {self.quant_bits}: 4 or 8")
+        if self.quant_bits is not None and self.train_type != "lora":
+            problems.append("--quant_bits: LoRA only (a quantized base is not trained itself)")
         if not self.model:
             problems.append("--model is required (an alias such as Qwen2-1.5B-Instruct, a model "
                             "folder or a config.json)")

@@ -44,6 +44,8 @@ class ModelSpec:
     attn_dim: int  # num_attention_heads * head_dim
     lora_inputs_per_layer: int  # sum of in_features of the adapted linears of one layer
     linear_outputs_per_layer: int = 0  # sum of out_features of all linears of one layer
+    linear_params: int = 0  # weights of every nn.Linear but the LM head (what QLoRA quantizes)
+    largest_linear_params: int = 0  # one linear weight (dequantized at a time under QLoRA)
 
 
 @dataclass
@@ -71,6 +73,9 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
     lora, per_layer_inputs = _lora_counts(model, lora_rank, target_modules)
     layer0 = [m for n, m in model.named_modules()
               if isinstance(m, torch.nn.Linear) and ".layers.0." in f"{n}."]
+    head = model.get_output_embeddings()
+    linears = [m.weight.numel() for m in model.modules()
+               if isinstance(m, torch.nn.Linear) and m is not head]
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
@@ -80,7 +85,19 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
                      num_layers=text.num_hidden_layers,
                      intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
                      attn_dim=heads * head_dim, lora_inputs_per_layer=per_layer_inputs,
-                     linear_outputs_per_layer=sum(m.out_features for m in layer0))
+                     linear_outputs_per_layer=sum(m.out_features for m in layer0),
+                     linear_params=sum(linears), largest_linear_params=max(linears, default=0))
+
+
+def quantized_bytes_per_weight(bits: int, double_quant: bool = True) -> float:
+    """bitsandbytes' storage per weight: 4-bit weights in blocks of 64 with an fp32 scale each
+    (4.5 bits), or with double quantization 8-bit scales plus one fp32 per 256 blocks (about
+    4.127 bits); 8-bit (LLM.int8): one byte and an fp32 scale per output row (counted as
+    1 byte: rows are thousands of weights long)."""
+    if bits == 8:
+        return 1.0
+    scales = (8 / 64 + 32 / (64 * 256)) if double_quant else 32 / 64
+    return (4 + scales) / 8
 
 
 def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
@@ -226,13 +243,21 @@ def model_states(stage: str, total: int, trainable: int, largest_layer: int, *,
 def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
              dtype: str = "bfloat16", train_type: str = "lora", max_length: int = 2048,
              batch_size: int = 1, lora_dropout: float = 0.05,
-             chunked_loss: bool = True, selective_checkpointing: bool = False) -> list[Row]:
-    """One Row per stage in STAGES for this setup (tokens per micro-batch: batch x length)."""
+             chunked_loss: bool = True, selective_checkpointing: bool = False,
+             quant_bits: int | None = None, double_quant: bool = True) -> list[Row]:
+    """One Row per stage in STAGES for this setup (tokens per micro-batch: batch x length).
+    quant_bits (QLoRA): the frozen linear weights at bitsandbytes' size, one of them
+    dequantized at a time; no ZeRO-3 rows (it cannot partition packed weights)."""
     from swiftlite.runtime.hardware import weights_dtype
     w = DTYPE_BYTES[weights_dtype(dtype, train_type)]
     tokens = batch_size * max_length
+    saved = 0 if quant_bits is None else int(
+        spec.linear_params * (w - quantized_bytes_per_weight(quant_bits, double_quant))
+        - w * spec.largest_linear_params)
     rows = []
     for stage in STAGES:
+        if quant_bits is not None and stage.startswith("zero3"):
+            continue
         # ZeRO-3 partitions the LM head, so swiftlite falls back to the model's own loss there.
         chunked = chunked_loss and not stage.startswith("zero3")
         act = activations(spec, tokens, dtype, train_type, True, lora_dropout, chunked,
@@ -243,6 +268,7 @@ def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
         gpu, cpu = model_states(stage, spec.total_params, spec.trainable_params,
                                 spec.largest_layer_params, gpus_per_node=gpus_per_node,
                                 nodes=nodes, weight_bytes=ds_w, load_bytes=w)
+        gpu["params"] -= saved
         states = gpu["params"] + gpu["grads"] + gpu["optim"]
         rows.append(Row(stage, {**gpu, "activations": act, "activations_no_ckpt": act_full},
                         cpu, states + act, states + act_full, cpu["total"]))
@@ -257,6 +283,7 @@ class Choice:
     cpu_bytes: int
     fits: bool
     reason: str
+    quant_bits: int | None = None  # QLoRA: what fits when the 16-bit base does not
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,14 +21,35 @@ def run(args: EstimateArguments) -> dict:
     args.validate()
     name, config = read_config(args.model)
     spec = model_spec(name, config, args.train_type, args.lora_rank, args.target_modules)
-    rows = estimate(spec, gpus_per_node=args.gpus, nodes=args.nodes, dtype=args.torch_dtype,
-                    train_type=args.train_type, max_length=args.max_length,
-                    batch_size=args.batch_size, lora_dropout=args.lora_dropout,
-                    chunked_loss=args.chunked_loss,
-                    selective_checkpointing=args.selective_checkpointing)
+
+    def rows_for(bits):
+        return estimate(spec, gpus_per_node=args.gpus, nodes=args.nodes, dtype=args.torch_dtype,
+                        train_type=args.train_type, max_length=args.max_length,
+                        batch_size=args.batch_size, lora_dropout=args.lora_dropout,
+                        chunked_loss=args.chunked_loss,
+                        selective_checkpointing=args.selective_checkpointing,
+                        quant_bits=bits, double_quant=args.bnb_4bit_use_double_quant)
+
+    rows = rows_for(args.quant_bits)
     gpu_memory = parse_memory(args.gpu_memory, "gpu_memory")
     cpu_memory = parse_memory(args.cpu_memory, "cpu_memory") if args.cpu_memory else None
-    choice = fastest_that_fits(rows, gpu_memory, cpu_memory, args.gpus * args.nodes)
+    gpus = args.gpus * args.nodes
+    choice = fastest_that_fits(rows, gpu_memory, cpu_memory, gpus)
+    if args.quant_bits is not None:
+        choice.quant_bits = args.quant_bits
+    elif args.train_type == "lora" and (not choice.fits or (choice.deepspeed or "").endswith(
+            "offload")):
+        # The 16-bit base does not fit (or only with its weights streamed from the CPU):
+        # QLoRA keeps it on the GPU: 4 bits first (bitsandbytes trains it faster than 8).
+        for bits in (4, 8):
+            q = fastest_that_fits(rows_for(bits), gpu_memory, cpu_memory, gpus)
+            if q.fits and not (q.deepspeed or "").endswith("offload"):
+                q.quant_bits = bits
+                q.reason = (f"the {args.torch_dtype} base does not fit "
+                            f"{'without offloading' if choice.fits else 'at all'}; QLoRA "
+                            f"--quant_bits {bits} {q.reason}")
+                choice = q
+                break
     setup = {k: v for k, v in dataclasses.asdict(args).items()
              if k not in ("model", "gpus", *_OUTPUT)}
     setup.update(gpus_per_node=args.gpus, gpu_memory=gpu_memory, cpu_memory=cpu_memory,

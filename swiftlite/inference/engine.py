@@ -27,6 +27,9 @@ from swiftlite.config.arguments import GenerationArguments
 GEN_DEFAULTS = dataclasses.asdict(GenerationArguments())
 
 
+QUANT_FIELDS = ("quant_bits", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant")
+
+
 class InferEngine:
     def __init__(self, model, tokenizer, template, device: str, ckpt=None, dtype: str = "float32"):
         self.model = model
@@ -46,14 +49,16 @@ class InferEngine:
              ) -> "InferEngine":
         """Base + adapter for a LoRA checkpoint, else the model folder itself.
 
-        overrides: template, system, torch_dtype, trust_remote_code, attn_impl, device.
+        overrides: template, system, torch_dtype, trust_remote_code, attn_impl, device, and
+        quant_bits (+ bnb_4bit_quant_type, bnb_4bit_use_double_quant) to load the base model
+        quantized (a QLoRA adapter then answers exactly as on its training base).
         """
         from swiftlite.inference.checkpoints import _UNSET, describe
         from swiftlite.runtime.hardware import detect, resolve_dtype
         from swiftlite.models.loader import load_model, load_tokenizer
         from swiftlite.data.template import get_template
         unknown = set(overrides) - {"template", "system", "torch_dtype", "trust_remote_code",
-                                    "attn_impl", "device"}
+                                    "attn_impl", "device", *QUANT_FIELDS}
         if unknown:
             raise UsageError(f"InferEngine.load: unknown argument(s) {', '.join(sorted(unknown))}.")
         trust = bool(overrides.get("trust_remote_code"))
@@ -69,12 +74,23 @@ class InferEngine:
         template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
         what = f"{ckpt.base_dir} + adapter {ckpt.path}" if ckpt.kind == "adapter" else ckpt.path
         info(f"loading {what} ({dtype}, {device}, template {template.name})")
+        from types import SimpleNamespace
+
+        from swiftlite.models.loader import quantization_config
+        quant = quantization_config(SimpleNamespace(**{
+            "quant_bits": None, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+            **{k: v for k, v in overrides.items() if k in QUANT_FIELDS and v is not None}}), dtype)
+        if quant is not None:
+            info(f"the base model in {overrides['quant_bits']} bits (bitsandbytes)")
         net = load_model(ckpt.model_dir, dtype, trust_remote_code=trust,
-                         attn_impl=overrides.get("attn_impl"))
+                         attn_impl=overrides.get("attn_impl"), quantization=quant,
+                         device_map=None if quant is None else {"": device})
         if ckpt.kind == "adapter":
             from peft import PeftModel
             net = PeftModel.from_pretrained(net, ckpt.path)
-        net.to(device).eval()
+        if quant is None:  # a quantized model was loaded onto its device
+            net.to(device)
+        net.eval()
         return cls(net, tokenizer, template, device, ckpt, dtype)
 
     def unload(self) -> None:

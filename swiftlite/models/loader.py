@@ -23,9 +23,25 @@ def torch_dtype(name: str):
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
+def quantization_config(args, dtype: str):
+    """transformers' BitsAndBytesConfig for --quant_bits (None without it): the frozen linear
+    layers in 4 bits (nf4/fp4, blocks of 64 with their scales) or 8 bits (LLM.int8), computing
+    in `dtype`; embeddings, norms and the LM head stay in `dtype` (transformers' default)."""
+    bits = getattr(args, "quant_bits", None)
+    if bits is None:
+        return None
+    from transformers import BitsAndBytesConfig
+    if bits == 8:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+                              bnb_4bit_use_double_quant=args.bnb_4bit_use_double_quant,
+                              bnb_4bit_compute_dtype=torch_dtype(dtype))
+
+
 def load_model(model_dir: str, dtype: str, *, trust_remote_code: bool = False,
-               attn_impl: str | None = None, device_map=None):
-    """A causal LM loaded directly in `dtype` (no fp32 copy first)."""
+               attn_impl: str | None = None, device_map=None, quantization=None):
+    """A causal LM loaded directly in `dtype` (no fp32 copy first); `quantization`: a
+    BitsAndBytesConfig (quantization_config) for a 4/8-bit frozen base."""
     from transformers import AutoConfig, AutoModelForCausalLM
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
@@ -39,9 +55,12 @@ def load_model(model_dir: str, dtype: str, *, trust_remote_code: bool = False,
         kwargs["attn_implementation"] = attn_impl
     if device_map is not None:
         kwargs["device_map"] = device_map
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
     model_class = AutoModelForCausalLM._model_mapping.get(type(config), None)  # None: remote code
     cast = None
-    if device_map is None and model_class is not None and not _quantized_or_zero3(config):
+    if device_map is None and model_class is not None and quantization is None and \
+            not _quantized_or_zero3(config):
         cast = cast_state_dict(model_dir, kwargs["dtype"])
     if cast is None:
         return AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)

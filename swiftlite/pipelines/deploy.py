@@ -60,7 +60,11 @@ def served_names(args: DeployArguments, ckpt) -> dict[str, str | None]:
 def _overrides(args: DeployArguments) -> dict:
     return {k: v for k, v in {"template": args.template, "torch_dtype": args.torch_dtype,
                               "trust_remote_code": args.trust_remote_code,
-                              "attn_impl": args.attn_impl, "system": args.system}.items()
+                              "attn_impl": args.attn_impl, "system": args.system,
+                              "quant_bits": args.quant_bits,
+                              "bnb_4bit_quant_type": args.bnb_4bit_quant_type,
+                              "bnb_4bit_use_double_quant": args.bnb_4bit_use_double_quant
+                              }.items()
             if v is not None}
 
 

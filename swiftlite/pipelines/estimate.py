@@ -24,10 +24,12 @@ def _gb(n: int) -> str:
 def table(result: dict) -> str:
     s = result["setup"]
     gpus = s["gpus_per_node"] * s["nodes"]
+    quant = f", base in {s['quant_bits']} bits (QLoRA)" if s.get("quant_bits") else ""
     lines = [
         f"{result['model']}: {result['total_params'] / 1e9:.3f}B parameters, "
         f"{result['trainable_params'] / 1e6:,.2f}M trainable ({s['train_type']}), "
-        f"{s['torch_dtype']}; {gpus} GPU{'s' if gpus > 1 else ''} x {_gb(s['gpu_memory'])} GiB; "
+        f"{s['torch_dtype']}{quant}; {gpus} GPU{'s' if gpus > 1 else ''} x "
+        f"{_gb(s['gpu_memory'])} GiB; "
         f"micro-batch {s['batch_size']} x {s['max_length']} tokens",
         "All figures GiB. GPU: per GPU (per process). CPU: per node. act: activations with "
         f"{'selective ' if s.get('selective_checkpointing') else ''}gradient checkpointing / "
@@ -52,7 +54,8 @@ def table(result: dict) -> str:
     lines.append("")
     if c["fits"]:
         flags = (f"--deepspeed {c['deepspeed']}" if c["deepspeed"] else "no --deepspeed") + \
-            f" --gradient_checkpointing {str(c['gradient_checkpointing']).lower()}"
+            f" --gradient_checkpointing {str(c['gradient_checkpointing']).lower()}" + \
+            (f" --quant_bits {c['quant_bits']}" if c.get("quant_bits") else "")
         lines.append(f"Recommended: {flags}  ({c['reason']}).")
     else:
         lines.append(f"Nothing fits. {c['reason']}")

@@ -121,12 +121,28 @@ def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
                        "merged_from": os.path.abspath(args.ckpt_dir),
                        "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)
         if args.verify:
-            diff, rounding = max_logit_difference(ckpt.base_dir, args.ckpt_dir, tmp, template,
-                                                  None if dtype_name == "float32" else out_dtype)
-            note = "" if rounding is None else (
+            from types import SimpleNamespace
+
+            from swiftlite.models.loader import quantization_config
+            run = ckpt.run_args or {}
+            quant = quantization_config(SimpleNamespace(
+                quant_bits=run.get("quant_bits"),
+                bnb_4bit_quant_type=run.get("bnb_4bit_quant_type", "nf4"),
+                bnb_4bit_use_double_quant=run.get("bnb_4bit_use_double_quant", True)), "float32")
+            diff, other = max_logit_difference(ckpt.base_dir, args.ckpt_dir, tmp, template,
+                                               None if dtype_name == "float32" else out_dtype,
+                                               quant)
+            note = "" if other is None or quant is not None else (
                 f" ({dtype_name} weights; for scale, the unmerged adapter model in {dtype_name} "
-                f"differs from fp32 by {rounding:.3g})")
+                f"differs from fp32 by {other:.3g})")
             print(f"max |logit difference| adapter vs merged: {diff:.3g}{note}", flush=True)
+            if quant is not None:
+                print(f"max |logit difference| adapter on the {run['quant_bits']}-bit base it "
+                      f"was trained on vs merged: {other:.3g}. The merged model is the adapter "
+                      "on the full-precision base (the first figure); the second is what "
+                      "quantizing the base costs, not a merge error. Serve the merged model, "
+                      f"or the adapter with --quant_bits {run['quant_bits']} to answer exactly "
+                      "as in training.", flush=True)
             if dtype_name == "float32" and diff > 1e-2:
                 warn("the merged model's logits differ from the adapter's by more than 1e-2; "
                      "please report this with the checkpoint's adapter_config.json.")
@@ -259,10 +275,12 @@ def _logits(model, batches):
 
 
 def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template,
-                         low_dtype=None) -> tuple[float, float | None]:
+                         low_dtype=None, quantization=None) -> tuple[float, float | None]:
     """Largest |logit| difference between base + adapter (fp32) and the merged model on a few
     encoded conversations; with low_dtype, also that of base + adapter in low_dtype (what 16-bit
-    rounding alone costs, for scale). Models are loaded one after the other, never together."""
+    rounding alone costs, for scale); with quantization (a QLoRA checkpoint), instead that of
+    the adapter on the quantized base it was trained on. Models are loaded one after the
+    other, never together."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -272,9 +290,10 @@ def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template
                                   [0], add_special_tokens=False)["input_ids"]
                for c in CHECK_CONVERSATIONS]
 
-    def logits_of(path, dtype, adapter=None):
+    def logits_of(path, dtype, adapter=None, quant=None):
         with quiet_progress_bars():  # three internal loads: their progress bars say nothing new
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
+                                                         quantization_config=quant)
         if adapter:
             model = PeftModel.from_pretrained(model, adapter)
         out = _logits(model.eval(), samples)
@@ -287,6 +306,8 @@ def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template
 
     ref = logits_of(base_dir, torch.float32, ckpt_dir)
     diff = max_diff(ref, logits_of(merged_dir, torch.float32))
+    if quantization is not None:
+        return diff, max_diff(ref, logits_of(base_dir, torch.float32, ckpt_dir, quantization))
     rounding = None if low_dtype is None else max_diff(ref, logits_of(base_dir, low_dtype,
                                                                       ckpt_dir))
     return diff, rounding

@@ -20,7 +20,7 @@ from swiftlite.errors import UsageError
 from swiftlite.log import info, is_main_process, warn
 from swiftlite.models import resolve_model
 from swiftlite.models.registry import check_model_name
-from swiftlite.models.loader import load_model, load_tokenizer
+from swiftlite.models.loader import load_model, load_tokenizer, quantization_config
 from swiftlite.data.template import get_template
 from swiftlite.runtime.output import create_run_dir, last_checkpoint, remove_if_empty
 
@@ -53,6 +53,12 @@ def preflight(args: SftArguments) -> None:
     from swiftlite.training.launch import check_output_dir
     from swiftlite.training.resume import resolve_resume
     check_output_dir(args)
+    if args.quant_bits is not None and args.deepspeed and str(args.deepspeed).strip() != "auto":
+        from swiftlite.training.deepspeed import load_config, zero_stage
+        if zero_stage(load_config(args.deepspeed)) == 3:
+            raise UsageError("--quant_bits with a ZeRO-3 config: ZeRO-3 partitions the base "
+                             "weights, and bitsandbytes' packed 4/8-bit weights cannot be "
+                             "partitioned; use zero2 (or zero2_offload)")
     if args.resume_from_checkpoint:
         ckpt = resolve_resume(args.resume_from_checkpoint, args.train_type, args.deepspeed)
         if ckpt != args.resume_from_checkpoint:
@@ -84,7 +90,8 @@ def _run(args: SftArguments) -> SftResult:
     from swiftlite.runtime.allocator import describe as allocator_line
     info(allocator_line())
     hw = hardware.detect()
-    dtype = hardware.training_dtype(args.torch_dtype, hw, args.train_type, args.deepspeed)
+    dtype = hardware.training_dtype(args.torch_dtype, hw, args.train_type, args.deepspeed,
+                                    quantized=args.quant_bits is not None)
     how = ""
     if args.torch_dtype in (None, "auto"):
         cpu_bf16 = hw.device == "cpu" and dtype == "bfloat16"
@@ -152,9 +159,15 @@ def _run(args: SftArguments) -> SftResult:
                                             args.trust_remote_code)
     from swiftlite.training.deepspeed import zero3_init
     zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
+    quant = quantization_config(args, dtype)
+    if quant is not None:
+        info(f"QLoRA: the frozen base in {args.quant_bits} bits (bitsandbytes" + (
+            f", {args.bnb_4bit_quant_type}{', double quant' if args.bnb_4bit_use_double_quant else ''}"
+            if args.quant_bits == 4 else ", LLM.int8") + f"), computing in {dtype}")
     model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
                        trust_remote_code=args.trust_remote_code,
-                       attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype))
+                       attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype),
+                       quantization=quant)
     from swiftlite.training.tuners import prepare_model
     from transformers import set_seed
     set_seed(args.seed)  # same LoRA init in every run and on every rank (loss parity, resume)

@@ -90,14 +90,16 @@ def resolve_dtype(requested: str | None, hw: Hardware) -> str:
 
 
 def training_dtype(requested: str | None, hw: Hardware, train_type: str = "lora",
-                   deepspeed: str | None = None) -> str:
+                   deepspeed: str | None = None, quantized: bool = False) -> str:
     """`swiftlite sft`'s compute dtype. On a CPU with AMX-BF16 or AVX-512-BF16, `auto` trains
     LoRA on a bf16 base with fp32 activations, LoRA weights and optimizer (training/speedups/fp32_activations.py),
     faster than fp32 at the same final loss (docs/performance.md).
-    Full fine-tuning (it needs fp32 master weights) and DeepSpeed on a CPU stay fp32."""
+    Full fine-tuning (it needs fp32 master weights) and DeepSpeed on a CPU stay fp32, and so
+    does a quantized (QLoRA) base on a CPU: bitsandbytes' layers would return bf16, and bf16
+    activations round small LoRA updates away (speedups/fp32_activations.py)."""
     dtype = resolve_dtype(requested, hw)
     if requested in (None, "auto") and hw.device == "cpu":
-        bf16 = hw.cpu_bf16 and train_type == "lora" and not deepspeed
+        bf16 = hw.cpu_bf16 and train_type == "lora" and not deepspeed and not quantized
         return "bfloat16" if bf16 else CPU_DTYPE
     return dtype
 

@@ -108,6 +108,10 @@ def recommended_preset(args, hw) -> str | None:
     if not choice.fits:
         raise UsageError(f"--deepspeed auto: no configuration fits ({choice.reason}). See "
                          f"`swiftlite estimate --model {args.model}`.")
+    if choice.quant_bits and args.quant_bits is None:  # never quantize behind the user's back
+        raise UsageError(f"--deepspeed auto: {choice.reason}. Add --quant_bits "
+                         f"{choice.quant_bits} to train it that way (QLoRA), or see `swiftlite "
+                         f"estimate --model {args.model}` for the other options.")
     if choice.gradient_checkpointing and not args.gradient_checkpointing:
         from swiftlite.log import warn
         warn("--deepspeed auto: the estimate needs --gradient_checkpointing true to fit.")

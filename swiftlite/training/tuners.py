@@ -38,10 +38,16 @@ def prepare_model(model, args, device: str | None = None):
         from swiftlite.errors import UsageError
         raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
     speedups.apply(model, plan)
-    trainable, total = _count(model), _count(model, trainable_only=False)
+    # peft counts a 4-bit parameter as the weights it packs, not its bytes
+    trainable, total = model.get_nb_trainable_parameters() if not zero3_partitioned(model) \
+        else (_count(model), _count(model, trainable_only=False))
     info(f"LoRA r={args.lora_rank} alpha={args.lora_alpha} on {target}: {trainable:,} trainable "
          f"of {total:,} parameters ({100 * trainable / total:.3f}%)")
     return model
+
+
+def zero3_partitioned(model) -> bool:
+    return hasattr(next(model.parameters()), "ds_id")
 
 
 def _count(model, trainable_only: bool = True) -> int:

@@ -42,11 +42,22 @@ def plan(model, args, device: str) -> Plan:
              "fine-tuning trains every weight: nothing to keep, so plain gradient checkpointing.")
         selective = False
     from swiftlite.training.speedups.fp32_activations import wants_fp32_activations
+    fp32_act = wants_fp32_activations(model, args, device)
+    if getattr(model, "is_quantized", False):
+        # bitsandbytes' layers are not nn.Linear: nothing to fuse, no plain matmul output to
+        # keep or cast. Padding-free attention, chunked loss and fast dropout still apply.
+        aside = [n for n, on in (("fused_lora", fused), ("selective_checkpointing", selective),
+                                 ("fp32_activations", fp32_act)) if on]
+        if aside:
+            info(f"--quant_bits: {', '.join(aside)} {'stands' if len(aside) == 1 else 'stand'} "
+                 "aside (it works on plain linear layers); padding_free, chunked_loss and "
+                 "fast_dropout stay on")
+        fused = selective = fp32_act = False
     return Plan(
         # --attn_impl given: the user's attention implementation, as it is
         packed_attention=args.padding_free and not args.attn_impl,
         selective_checkpointing=selective, fast_dropout=lora and args.fast_dropout,
-        fused_lora=fused, fp32_activations=wants_fp32_activations(model, args, device))
+        fused_lora=fused, fp32_activations=fp32_act)
 
 
 def checkpoint_kwargs(p: Plan) -> dict:
