@@ -111,7 +111,8 @@ def test_export_writes_only_new_merged_folders(tmp_path, tiny_run):
     ckpt = tiny_run.last_checkpoint
     run_dir = os.path.dirname(ckpt)
     policy = Policy(os.path.dirname(run_dir))
-    assert merge_args(ckpt, {}, policy).ckpt_dir == ckpt  # <ckpt>-merged: new, inside
+    fresh = os.path.join(run_dir, f"policy-{os.getpid()}-merged")  # new, inside the root
+    assert merge_args(ckpt, {"output_dir": fresh}, policy).output_dir == fresh
     for output_dir, match in ((run_dir, "named *-merged"),  # another run's folder
                               (os.path.join(run_dir, "x-merged"), None),
                               (str(tmp_path / "y-merged"), "must be inside the output root")):
