@@ -71,10 +71,10 @@ def test_4bit_qlora_learns_and_leaves_the_base_untouched(qlora_run, tiny_qwen2):
     assert folder_digest(tiny_qwen2) == before
 
 
-def test_8bit_qlora_learns(tmp_path):
+def test_8bit_qlora_learns_on_tiny_qwen25(tmp_path):
     import swiftlite
-    result = swiftlite.sft(**{**QLORA, "quant_bits": 8}, max_steps=4, save_steps=4,
-                           output_dir=str(tmp_path))
+    result = swiftlite.sft(**{**QLORA, "quant_bits": 8, "model": "tiny-qwen2.5"}, max_steps=4,
+                           save_steps=4, output_dir=str(tmp_path))
     loss = losses(result.output_dir)
     assert loss[4] < loss[1] - 0.1, loss
 
