@@ -87,6 +87,8 @@ class DataArguments:
                                    choices=("delete", "left", "right"), group="data")
     skip_bad_rows: bool = arg(False, "skip malformed rows (counted per reason) instead of "
                               "stopping", group="data")
+    dataset_num_proc: Optional[int] = arg(None, "processes that tokenise (default: the CPU "
+                                          "cores this process may use)", group="data")
     loss_scale: str = arg("default", "what is trained: default every assistant reply (tool "
                           "calls included), last_round only the last one, all every token "
                           "(prompt too); a message's own \"loss\": true|false decides for it",
@@ -188,6 +190,8 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
             problems.append("--dataset is required (a file, or a built-in such as "
                             "self-cognition#500)")
         problems += _check_choices(self) + _not_finite(self)
+        if self.dataset_num_proc is not None and self.dataset_num_proc < 1:
+            problems.append(f"--dataset_num_proc must be at least 1, got {self.dataset_num_proc}")
         problems += _not_positive(self, ("lora_rank", "lora_alpha", "max_length",
                                          "per_device_train_batch_size",
                                          "per_device_eval_batch_size", "logging_steps",

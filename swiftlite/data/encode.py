@@ -18,13 +18,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from swiftlite.errors import UsageError
-from swiftlite.log import info, quiet_progress_bars, warn
+from swiftlite.log import info, warn
 from swiftlite.runtime.paths import cache_dir
 from swiftlite.config.constants import IGNORE_INDEX
 from swiftlite.data.template_base import ChatTemplate
 
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
-ENCODER_VERSION = "2"  # bump when encoding changes, so old caches are not reused
+ENCODER_VERSION = "3"  # bump when encoding or the cache's layout changes (old ones not reused)
+ARROW_FILE = "data.arrow"  # a cache entry: this file and swiftlite_report.json
 _CHUNK = 1000
 
 
@@ -80,19 +81,26 @@ def cache_key(conversations: list, template: ChatTemplate, max_length: int, stra
 
 def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: int,
                    truncation_strategy: str = "delete", name: str = "train",
-                   use_cache: bool = True, skip_bad_rows: bool = False):
+                   use_cache: bool = True, skip_bad_rows: bool = False, num_proc: int = 1):
     """A datasets.Dataset with input_ids/labels/length, and an EncodeReport.
 
-    With the cache, one process encodes and the others wait for it (a lock per cache entry):
-    the ranks of a run on one node, or two runs on the same data, never encode the same
-    rows twice nor race to write the same folder; they all memory-map the one result."""
+    Samples are encoded in chunks (in `num_proc` worker processes when more than 1) and each
+    chunk goes straight into an Arrow file, which the dataset then memory-maps: the token ids
+    are never all held as Python lists. With the cache, one process encodes and the others
+    wait for it (a lock per cache entry): the ranks of a run on one node, or two runs on the
+    same data, never encode the same rows twice nor race to write the same folder; they all
+    memory-map the one result."""
     if truncation_strategy not in TRUNCATION_STRATEGIES:
         raise UsageError(f"--truncation_strategy {truncation_strategy}: use one of "
                          f"{', '.join(TRUNCATION_STRATEGIES)}.")
-    encode = lambda: _encode(conversations, template, max_length, truncation_strategy, name,
-                             skip_bad_rows)  # noqa: E731
+    job = (conversations, template, max_length, truncation_strategy, name)
     if not use_cache:
-        return encode()
+        tmp = os.path.join(cache_dir("datasets"), f".{name}-uncached.tmp-{os.getpid()}")
+        try:
+            report = _encode(job, tmp, skip_bad_rows, num_proc)
+            return _open(tmp), report  # memory-mapped: the folder can go (Linux keeps the map)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     key = cache_key(conversations, template, max_length, truncation_strategy)
     path = os.path.join(cache_dir("datasets"), f"{name}-{key}")
     with _entry_lock(path):
@@ -100,12 +108,24 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
         if cached is not None:
             return cached
         _sweep(path)
-        ds, report = encode()
-        report.cache_path = path
-        if len(ds):  # an empty result is an error for the caller, not worth caching
-            ds = _write_cache(ds, report, path)
-            info(f"{name}: tokenised {len(ds)} samples, cached in {path}")
-        return ds, report
+        tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+        try:
+            report = _encode(job, tmp, skip_bad_rows, num_proc)
+            report.cache_path = path
+            if not report.lengths:  # nothing left: an error for the caller, not worth caching
+                return _open(tmp), report
+            with open(os.path.join(tmp, "swiftlite_report.json"), "w") as f:
+                json.dump(report.to_dict(), f)  # last: a folder with its report is complete
+            os.rename(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        info(f"{name}: tokenised {len(report.lengths)} samples, cached in {path}")
+        return _open(path), report
+
+
+def _open(folder: str):
+    import datasets
+    return datasets.Dataset.from_file(os.path.join(folder, ARROW_FILE))
 
 
 @contextlib.contextmanager
@@ -119,12 +139,11 @@ def _entry_lock(path: str):
 
 
 def _load_cache(path: str, name: str):
-    import datasets
     report_path = os.path.join(path, "swiftlite_report.json")
     if not os.path.exists(report_path):  # absent, or cut short before its report
         return None
     try:
-        ds = datasets.load_from_disk(path)
+        ds = _open(path)
         with open(report_path) as f:
             r = json.load(f)
     except Exception as e:  # a damaged cache is rebuilt, never trusted
@@ -156,56 +175,46 @@ def _sweep(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)  # no report: never finished
 
 
-def _write_cache(ds, report: EncodeReport, path: str):
-    """Written beside the entry and renamed into place complete; returns the memory-mapped
-    copy (no second copy in RAM)."""
-    import datasets
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        # Our own bar already showed the work; datasets' "Saving the dataset" bar says no more.
-        with quiet_progress_bars():
-            ds.save_to_disk(tmp)
-        with open(os.path.join(tmp, "swiftlite_report.json"), "w") as f:
-            json.dump(report.to_dict(), f)
-        os.rename(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return datasets.load_from_disk(path)
+def _encode(job: tuple, out_dir: str, skip_bad_rows: bool, num_proc: int) -> EncodeReport:
+    """Encode every chunk of job's conversations into out_dir/data.arrow, in order; the
+    EncodeReport of it all. Bad rows are raised (or, with skip_bad_rows, counted) after."""
+    import multiprocessing
 
-
-def _encode(conversations: list, template: ChatTemplate, max_length: int, truncation_strategy: str,
-            name: str, skip_bad_rows: bool):
     import datasets
+    from datasets.arrow_writer import ArrowWriter
     from tqdm.auto import tqdm
+    conversations, _, _, _, name = job
     report = EncodeReport(samples=len(conversations))
-    columns = {"input_ids": [], "labels": [], "length": []}
+    starts = range(0, len(conversations), _CHUNK)
     bar = tqdm(total=len(conversations), desc=f"Tokenising {name}", unit="rows",
                disable=len(conversations) < 2 * _CHUNK)
+    global _JOB
+    _JOB, pool = job, None  # forked workers inherit it: the conversations are not copied
+    if num_proc > 1 and len(starts) > 1:
+        pool = multiprocessing.get_context("fork").Pool(min(num_proc, len(starts)))
+    os.makedirs(out_dir, exist_ok=True)
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
+                                  "labels": datasets.Sequence(datasets.Value("int32")),
+                                  "length": datasets.Value("int32")})
     rejected = []
-    for start in range(0, len(conversations), _CHUNK):
-        chunk = conversations[start:start + _CHUNK]
-        for conv, sample in zip(chunk, template.encode_batch(chunk)):
-            if isinstance(sample, Exception):
-                where = conv.get("where", f"{name} sample") if isinstance(conv, dict) else name
-                rejected.append(f"{where}: {template.describe()} cannot render it: {sample}")
-                report.dropped["rejected by the chat template"] += 1
-                continue
-            if len(sample["input_ids"]) > max_length:
-                sample = _truncate(sample, max_length, truncation_strategy)
-                if sample is None:
-                    report.dropped[f"longer than max_length {max_length}"] += 1
-                    continue
-                report.truncated += 1
-            trained = sum(1 for x in sample["labels"] if x != IGNORE_INDEX)
-            if trained == 0:
-                report.dropped["no trained tokens (reply cut off or empty)"] += 1
-                continue
-            report.trained_tokens += trained
-            columns["input_ids"].append(sample["input_ids"])
-            columns["labels"].append(sample["labels"])
-            columns["length"].append(len(sample["input_ids"]))
-        bar.update(min(_CHUNK, len(conversations) - start))
-    bar.close()
+    try:
+        writer = ArrowWriter(features=features, path=os.path.join(out_dir, ARROW_FILE))
+        for table, part in (pool.imap(_encode_chunk, starts) if pool else
+                            map(_encode_chunk, starts)):
+            if table is not None:
+                writer.write_table(table)
+            report.truncated += part.truncated
+            report.dropped.update(part.dropped)
+            report.trained_tokens += part.trained_tokens
+            report.lengths += part.lengths
+            rejected += part.rejected
+            bar.update(part.samples)
+        writer.finalize()
+    finally:
+        bar.close()
+        _JOB = None
+        if pool is not None:
+            pool.terminate()
     if rejected and not skip_bad_rows:
         more = f"\n  ... and {len(rejected) - 5} more" if len(rejected) > 5 else ""
         raise UsageError(f"{len(rejected)} row(s) the chat template cannot render:\n  " +
@@ -214,8 +223,54 @@ def _encode(conversations: list, template: ChatTemplate, max_length: int, trunca
     if rejected:
         warn(f"{name}: left out {len(rejected)} row(s) the chat template cannot render "
              f"(first: {rejected[0]})")
-    report.lengths = columns["length"]
-    return datasets.Dataset.from_dict(columns), report
+    return report
+
+
+@dataclass
+class _Part:
+    samples: int = 0
+    truncated: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    trained_tokens: int = 0
+    lengths: list[int] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+
+
+_JOB = None  # (conversations, template, max_length, truncation_strategy, name) while encoding
+
+
+def _encode_chunk(start: int):
+    """(Arrow table or None, _Part) for the chunk of _JOB's conversations at `start`."""
+    import pyarrow as pa
+    conversations, template, max_length, strategy, name = _JOB
+    chunk = conversations[start:start + _CHUNK]
+    part, ids, labels = _Part(samples=len(chunk)), [], []
+    for conv, sample in zip(chunk, template.encode_batch(chunk)):
+        if isinstance(sample, Exception):
+            where = conv.get("where", f"{name} sample") if isinstance(conv, dict) else name
+            part.rejected.append(f"{where}: {template.describe()} cannot render it: {sample}")
+            part.dropped["rejected by the chat template"] += 1
+            continue
+        if len(sample["input_ids"]) > max_length:
+            sample = _truncate(sample, max_length, strategy)
+            if sample is None:
+                part.dropped[f"longer than max_length {max_length}"] += 1
+                continue
+            part.truncated += 1
+        trained = sum(1 for x in sample["labels"] if x != IGNORE_INDEX)
+        if trained == 0:
+            part.dropped["no trained tokens (reply cut off or empty)"] += 1
+            continue
+        part.trained_tokens += trained
+        ids.append(sample["input_ids"])
+        labels.append(sample["labels"])
+        part.lengths.append(len(sample["input_ids"]))
+    if not ids:
+        return None, part
+    table = pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())),
+                      "labels": pa.array(labels, pa.list_(pa.int32())),
+                      "length": pa.array(part.lengths, pa.int32())})
+    return table, part
 
 
 def describe(report: EncodeReport, name: str, max_length: int) -> str:

@@ -126,10 +126,12 @@ def _run(args: SftArguments) -> SftResult:
              "the adapters. Consider --template default, or the -Instruct model.")
 
     # 3. Encode (cached on disk), split, and show what training will see.
+    num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
     train_ds, enc_report = encode_dataset(
         train_convs, template, max_length=args.max_length,
         truncation_strategy=args.truncation_strategy, name="train",
-        use_cache=args.load_from_cache_file, skip_bad_rows=args.skip_bad_rows)
+        use_cache=args.load_from_cache_file, skip_bad_rows=args.skip_bad_rows,
+        num_proc=num_proc)
     if len(train_ds) == 0:
         raise UsageError("no samples left after encoding: " + describe(
             enc_report, "train", args.max_length) + "\nRaise --max_length or use "
@@ -139,7 +141,7 @@ def _run(args: SftArguments) -> SftResult:
         val_ds, val_report = encode_dataset(val_convs, template, max_length=args.max_length,
                                             truncation_strategy=args.truncation_strategy,
                                             name="val", use_cache=args.load_from_cache_file,
-                                            skip_bad_rows=args.skip_bad_rows)
+                                            skip_bad_rows=args.skip_bad_rows, num_proc=num_proc)
     if is_main_process():
         info(describe(enc_report, "train", args.max_length))
         if val_report is not None:
