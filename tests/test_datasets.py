@@ -295,3 +295,29 @@ def test_parallel_tokenising_gives_the_same_samples_and_report(tiny_qwen2):
     assert one["input_ids"] == two["input_ids"] and one["labels"] == two["labels"]
     assert r1.to_dict() == r2.to_dict()
     assert one.cache_files  # memory-mapped from its Arrow file, not held in RAM
+
+
+def test_a_warm_start_skips_reading_the_files_until_one_changes(tmp_path, monkeypatch, capsys,
+                                                                tiny_qwen2):
+    """The second run of the same files and settings loads the encoded data without reading
+    a row (data.manifest); a changed file, or another template, reads and checks them again."""
+    import swiftlite
+    from conftest import CHAT_ROWS
+    monkeypatch.setenv("SWIFTLITE_CACHE", str(tmp_path / "cache"))
+    data = write_jsonl(tmp_path / "d.jsonl", CHAT_ROWS * 3)
+
+    def run(**kw):
+        swiftlite.sft(model="tiny-qwen2", dataset=[data], max_steps=1, report_to="none",
+                      output_dir=str(tmp_path / "out"), split_dataset_ratio=0.25, **kw)
+        return capsys.readouterr().err
+
+    first = run()
+    assert "12 rows read" in first and "read before" not in first
+    second = run()
+    assert "12 rows read -> 9 samples + 3 for validation (these files were read before" in second
+    assert "tokenised data loaded from the cache" in second and "Tokenising" not in second
+    assert "read before" not in run(system="Other.")  # another template: read again
+    with open(data, "a", encoding="utf-8") as f:  # the file changes: read and checked again
+        f.write('{"messages": [{"role": "user", "content": "x"}]}\n')
+    with pytest.raises(UsageError, match="d.jsonl:13"):
+        run()

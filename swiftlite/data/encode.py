@@ -104,7 +104,7 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
     key = cache_key(conversations, template, max_length, truncation_strategy)
     path = os.path.join(cache_dir("datasets"), f"{name}-{key}")
     with _entry_lock(path):
-        cached = _load_cache(path, name)
+        cached = load_cached(path, name)
         if cached is not None:
             return cached
         _sweep(path)
@@ -138,7 +138,8 @@ def _entry_lock(path: str):
         yield
 
 
-def _load_cache(path: str, name: str):
+def load_cached(path: str, name: str):
+    """(dataset, EncodeReport) of a complete cache entry, or None."""
     report_path = os.path.join(path, "swiftlite_report.json")
     if not os.path.exists(report_path):  # absent, or cut short before its report
         return None

@@ -40,6 +40,14 @@ class LoadReport:
     skipped: Counter = field(default_factory=Counter)  # reason -> count
     validation: int = 0  # samples split off for validation (--split_dataset_ratio)
 
+    def to_dict(self) -> dict:
+        return {"rows": self.rows, "kept": self.kept, "skipped": dict(self.skipped),
+                "validation": self.validation}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoadReport":
+        return cls(d["rows"], d["kept"], Counter(d["skipped"]), d["validation"])
+
     def summary(self) -> str:
         """e.g. "6 rows read -> 9 samples (#N sampling)", "10 rows read, 2 skipped (...) -> 8
         samples": #N can repeat or leave out rows, so samples are not "kept rows"."""

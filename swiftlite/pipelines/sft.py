@@ -15,7 +15,8 @@ from swiftlite.runtime import hardware
 from swiftlite.config.arguments import SftArguments
 from swiftlite.config.parsing import build, to_dict
 from swiftlite.data import load_conversations, load_datasets
-from swiftlite.data.encode import describe, encode_dataset, show_sample, warn_if_end_of_turn_untrained
+from swiftlite.data.encode import describe, encode_dataset, load_cached, show_sample, warn_if_end_of_turn_untrained
+from swiftlite.data.loader import LoadReport
 from swiftlite.errors import UsageError
 from swiftlite.log import info, is_main_process, warn
 from swiftlite.models import resolve_model
@@ -85,6 +86,23 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
         return _run(args)
 
 
+def _read_data(args: SftArguments):
+    """(train conversations, validation conversations or None, LoadReport), every row checked.
+    A validation split comes from the distinct rows, before #N sampling repeats any."""
+    loaded = load_datasets(
+        args.dataset, seed=args.data_seed, skip_bad_rows=args.skip_bad_rows,
+        model_name=args.model_name, model_author=args.model_author,
+        split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio)
+    train_convs, val_convs, load_report = loaded.train, loaded.val or None, loaded.report
+    if args.val_dataset:
+        val_convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
+                                          skip_bad_rows=args.skip_bad_rows,
+                                          model_name=args.model_name,
+                                          model_author=args.model_author)
+    info(f"dataset: {load_report.summary()}")
+    return train_convs, val_convs, load_report
+
+
 def _run(args: SftArguments) -> SftResult:
     t_start = time.time()
     from swiftlite.runtime.allocator import describe as allocator_line
@@ -100,19 +118,13 @@ def _run(args: SftArguments) -> SftResult:
                                         else "") + ")"
     info(f"training on {hw.device} in {dtype}{how}")
 
-    # 1. Data: read and validate every row before loading anything heavy.
-    # A validation split comes from the distinct rows, before #N sampling repeats any.
-    loaded = load_datasets(
-        args.dataset, seed=args.data_seed, skip_bad_rows=args.skip_bad_rows,
-        model_name=args.model_name, model_author=args.model_author,
-        split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio)
-    train_convs, val_convs, load_report = loaded.train, loaded.val or None, loaded.report
-    if args.val_dataset:
-        val_convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
-                                          skip_bad_rows=args.skip_bad_rows,
-                                          model_name=args.model_name,
-                                          model_author=args.model_author)
-    info(f"dataset: {load_report.summary()}")
+    # 1. Data: read and validate every row before loading anything heavy; unless these very
+    # files were read and encoded before (data.manifest), then the model comes first.
+    from swiftlite.data import manifest
+    fkey = manifest.files_key(args) if args.load_from_cache_file else None
+    warm = manifest.known(fkey)
+    if not warm:
+        train_convs, val_convs, load_report = _read_data(args)
 
     # 2. Model folder, tokenizer and template.
     model_dir, model_info = resolve_model(args.model)
@@ -126,31 +138,48 @@ def _run(args: SftArguments) -> SftResult:
              "the adapters. Consider --template default, or the -Instruct model.")
 
     # 3. Encode (cached on disk), split, and show what training will see.
-    num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
-    train_ds, enc_report = encode_dataset(
-        train_convs, template, max_length=args.max_length,
-        truncation_strategy=args.truncation_strategy, name="train",
-        use_cache=args.load_from_cache_file, skip_bad_rows=args.skip_bad_rows,
-        num_proc=num_proc)
+    ekey = manifest.encoding_key(template, args.max_length, args.truncation_strategy)
+    hit = manifest.lookup(fkey, ekey) if warm else None
+    train = hit and load_cached(hit["train"], "train")
+    val = hit and (load_cached(hit["val"], "val") if hit["val"] else (None, None))
+    if train and val:  # (a cache entry swept meanwhile: read the data after all)
+        load_report = LoadReport.from_dict(hit["load_report"])
+        info(f"dataset: {load_report.summary()} (these files were read before: "
+             "--load_from_cache_file false reads them again)")
+        (train_ds, enc_report), (val_ds, val_report) = train, val
+    else:
+        if warm:  # the files are known, but not with this template or max_length
+            train_convs, val_convs, load_report = _read_data(args)
+        num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
+        train_ds, enc_report = encode_dataset(
+            train_convs, template, max_length=args.max_length,
+            truncation_strategy=args.truncation_strategy, name="train",
+            use_cache=args.load_from_cache_file, skip_bad_rows=args.skip_bad_rows,
+            num_proc=num_proc)
+        del train_convs  # the encoded rows are memory-mapped; the dicts can go
+        val_ds = val_report = None
+        if val_convs:
+            val_ds, val_report = encode_dataset(val_convs, template, max_length=args.max_length,
+                                                truncation_strategy=args.truncation_strategy,
+                                                name="val", use_cache=args.load_from_cache_file,
+                                                skip_bad_rows=args.skip_bad_rows,
+                                                num_proc=num_proc)
+        if fkey and enc_report.cache_path and (val_report is None or val_report.cache_path):
+            manifest.save(fkey, ekey, {"load_report": load_report.to_dict(),
+                                       "train": enc_report.cache_path,
+                                       "val": val_report.cache_path if val_report else None})
     if len(train_ds) == 0:
         raise UsageError("no samples left after encoding: " + describe(
             enc_report, "train", args.max_length) + "\nRaise --max_length or use "
             "--truncation_strategy right.")
-    val_ds = val_report = None
-    if val_convs:
-        val_ds, val_report = encode_dataset(val_convs, template, max_length=args.max_length,
-                                            truncation_strategy=args.truncation_strategy,
-                                            name="val", use_cache=args.load_from_cache_file,
-                                            skip_bad_rows=args.skip_bad_rows, num_proc=num_proc)
     if is_main_process():
         info(describe(enc_report, "train", args.max_length))
         if val_report is not None:
             info(describe(val_report, "val", args.max_length))
         info("first sample:\n" + show_sample(train_ds[0], tokenizer))
-        longest = max(range(len(train_ds)), key=lambda i: train_ds[i]["length"]) \
-            if len(train_ds) < 200_000 else None
-        if longest is not None:
-            info(f"longest sample: #{longest}, {train_ds[longest]['length']} tokens")
+        lengths = enc_report.lengths
+        longest = max(range(len(lengths)), key=lengths.__getitem__)
+        info(f"longest sample: #{longest}, {lengths[longest]} tokens")
     warn_if_end_of_turn_untrained(train_ds, template)
 
     # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
