@@ -73,6 +73,9 @@ def cache_key(conversations: list, template: ChatTemplate, max_length: int, stra
     h.update(json.dumps([ENCODER_VERSION, template.fingerprint(), template.loss_scale,
                          max_length, strategy]).encode())
     h.update(tokenizer_fingerprint(template.tokenizer).encode())
+    if hasattr(conversations, "digest"):  # data.loader.Rows: the lines as they are on disk
+        conversations.digest(h)
+        return h.hexdigest()[:24]
     for c in conversations:
         c = {"messages": c["messages"], "tools": c.get("tools")} if isinstance(c, dict) else c
         h.update(json.dumps(c, ensure_ascii=False).encode())

@@ -19,6 +19,7 @@ import json
 import os
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from swiftlite.errors import UsageError
@@ -82,27 +83,7 @@ def read_rows(path: str) -> list[tuple[str, object]]:
                          f"({', '.join(BUILTIN)}).")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".jsonl":
-        out = []
-        with open(path, "rb") as f:
-            for i, raw in enumerate(f, 1):
-                if i == 1:
-                    raw = raw.removeprefix(codecs.BOM_UTF8)  # written by some Windows editors
-                if not raw.strip():
-                    continue
-                where = f"{path}:{i}"
-                try:
-                    out.append((where, json.loads(raw.decode("utf-8"))))
-                except UnicodeDecodeError as e:
-                    out.append((where, BadRow(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at "
-                                              f"byte {e.start + 1} of the line); save the file "
-                                              "as UTF-8", "not UTF-8")))
-                except json.JSONDecodeError as e:
-                    out.append((where, BadRow(f"invalid JSON ({e.msg} at column {e.colno})",
-                                              "invalid JSON")))
-                except RecursionError:
-                    out.append((where, BadRow("invalid JSON (nested too deeply to read)",
-                                              "invalid JSON")))
-        return out
+        return [(where, row) for where, row, _ in jsonl_rows(path)]
     if ext == ".json":
         try:
             data = json.loads(_read_text(path))
@@ -138,6 +119,88 @@ def read_rows(path: str) -> list[tuple[str, object]]:
         return [(f"{path} row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
     raise UsageError(f"--dataset {path}: unsupported file type {ext or '(none)'}; use .jsonl, "
                      ".json, .csv or .parquet.")
+
+
+def jsonl_rows(path: str):
+    """(where, row or BadRow, byte offset of the line) for each non-blank line, one at a
+    time (a file of any size is never held in memory)."""
+    with open(path, "rb") as f:
+        offset = 0
+        for i, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            if i == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)  # written by some Windows editors
+            if not raw.strip():
+                continue
+            yield f"{path}:{i}", _parse_line(raw), start
+
+
+def _parse_line(raw: bytes):
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return BadRow(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+                      "line); save the file as UTF-8", "not UTF-8")
+    except json.JSONDecodeError as e:
+        return BadRow(f"invalid JSON ({e.msg} at column {e.colno})", "invalid JSON")
+    except RecursionError:
+        return BadRow("invalid JSON (nested too deeply to read)", "invalid JSON")
+
+
+class Rows(Sequence):
+    """Validated conversations. Rows of .jsonl files are kept as (file, byte offset, line)
+    and read back, parsed and normalised again when asked for (each process opens its own
+    file handles), so a file of millions of rows costs a few bytes a row here, not its
+    parsed dicts; rows of other formats are held as conversations."""
+
+    def __init__(self, items: list, files: list[tuple[str, str, bool]]):
+        self._items, self._files, self._handles = items, files, {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._get(x) for x in self._items[i]]
+        return self._get(self._items[i])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, Rows)) and list(self) == list(other)
+
+    def _get(self, item) -> dict:
+        if isinstance(item, dict):
+            return item
+        index, offset, line = item
+        path, fmt, require_reply = self._files[index]
+        key = (os.getpid(), index)  # a forked worker must not share its parent's file offset
+        if key not in self._handles:
+            self._handles[key] = open(path, "rb")
+        f = self._handles[key]
+        f.seek(offset)
+        raw = f.readline()
+        conv = to_conversation(json.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8")),
+                               fmt, require_reply=require_reply)
+        conv["where"] = f"{path}:{line}"
+        return conv
+
+    def digest(self, h) -> None:
+        """Feed every conversation's content to the hash h: a .jsonl row's line as it is on
+        disk (no parsing), others as JSON."""
+        for item in self._items:
+            if isinstance(item, dict):
+                h.update(json.dumps({"messages": item["messages"], "tools": item.get("tools")},
+                                    ensure_ascii=False).encode())
+                continue
+            index, offset, _ = item
+            key = (os.getpid(), index)
+            if key not in self._handles:
+                self._handles[key] = open(self._files[index][0], "rb")
+            f = self._handles[key]
+            f.seek(offset)
+            h.update(self._files[index][1].encode() + f.readline())
+
+    def __getstate__(self):
+        return {"_items": self._items, "_files": self._files, "_handles": {}}
 
 
 def _read_text(path: str) -> str:
@@ -182,7 +245,7 @@ def _check_fits(spec: str, rows: list, n: int) -> None:
     as Python token lists while it is encoded: at least BYTES_PER_TEXT_CHAR per character of
     its conversation (a lower bound), against the memory available now."""
     import psutil
-    probe = rows[:: max(1, len(rows) // 200)]
+    probe = rows[:: max(1, len(rows) // 200)]  # a Rows slice: read back as conversations
     chars = sum(len(json.dumps(r["messages"], ensure_ascii=False)) for r in probe) / len(probe)
     need, free = n * chars * BYTES_PER_TEXT_CHAR, psutil.virtual_memory().available
     if need > free:
@@ -203,15 +266,16 @@ def _sample(rows: list, n: int, seed: int) -> list:
 
 @dataclass
 class Loaded:
-    train: list[dict]
-    val: list[dict]
+    train: Rows
+    val: Rows
     report: LoadReport
 
 
 def load_conversations(specs: list[str], **kwargs) -> tuple[list[dict], LoadReport]:
-    """Validated conversations from all specs, in order; raises UsageError on bad rows."""
+    """Validated conversations from all specs, in order, as a list (load_datasets keeps
+    .jsonl rows on disk until they are needed); raises UsageError on bad rows."""
     loaded = load_datasets(specs, **kwargs)
-    return loaded.train, loaded.report
+    return list(loaded.train), loaded.report
 
 
 def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = False,
@@ -219,21 +283,36 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
                   split_ratio: float = 0.0) -> Loaded:
     """load_conversations, plus a validation split of split_ratio of each spec's distinct rows
     (taken before #N sampling)."""
-    report, convs, val, errors = LoadReport(), [], [], []
+    report, convs, val, errors, files = LoadReport(), [], [], [], []
     for spec in specs:
         path, n = parse_spec(spec)
-        raw = (_builtin_rows(path, model_name, model_author) if path in BUILTIN
-               and not os.path.exists(path) else read_rows(path))
-        fmt = next((detect_format(r) for _, r in raw if not isinstance(r, BadRow)
-                    and detect_format(r)), None)
-        first = next((r for _, r in raw if not isinstance(r, BadRow)), None)
+        builtin = path in BUILTIN and not os.path.exists(path)
+        lazy = not builtin and path.lower().endswith(".jsonl") and os.path.exists(path)
+        if lazy:  # streamed (its first rows once more for the format), never held in memory
+            def raw_rows(path=path):
+                return jsonl_rows(path)
+        else:
+            held = _builtin_rows(path, model_name, model_author) if builtin else read_rows(path)
+
+            def raw_rows(held=held):
+                return ((where, row, None) for where, row in held)
+        first_where, first, fmt = None, None, None
+        for where, row, _ in raw_rows():
+            first_where = first_where or where
+            if isinstance(row, BadRow):
+                continue
+            first = row if first is None else first
+            fmt = detect_format(row)
+            if fmt:
+                break
         if fmt is None and first is not None and not skip_bad_rows:
             keys = sorted(first) if isinstance(first, dict) else type(first).__name__
-            raise UsageError(f"{raw[0][0]}: unknown dataset format (columns {keys}). Expected "
+            raise UsageError(f"{first_where}: unknown dataset format (columns {keys}). Expected "
                              "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + "
                              "'output' (Alpaca) or 'query' + 'response'.")
+        files.append((path, fmt, require_reply))
         good = []
-        for where, row in raw:
+        for where, row, start in raw_rows():
             report.rows += 1
             try:
                 if isinstance(row, BadRow):
@@ -249,10 +328,12 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
                                  "mixed formats")
                 conv = to_conversation(row, fmt, require_reply=require_reply)
                 conv["where"] = where
-                good.append(conv)
+                good.append((len(files) - 1, start, int(where.rsplit(":", 1)[1])) if lazy
+                            else conv)
             except BadRow as e:
                 report.skipped[e.kind] += 1
-                errors.append(f"{where}: {e}")
+                if len(errors) < MAX_ERRORS_SHOWN:  # the rest are counted, not kept
+                    errors.append(f"{where}: {e}")
         if not good:
             continue
         if split_ratio > 0:
@@ -260,25 +341,25 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
             val += held
             n = None if n is None else max(n - len(held), 1)
         if n is not None:
-            _check_fits(spec, good, n)
+            _check_fits(spec, Rows(good, files), n)
             if n > len(good):
                 info(f"{spec}: {len(good)} rows, sampling {n} repeats them.")
             good = _sample(good, n, seed)
         convs += good
+    bad = sum(report.skipped.values())
     if errors and not skip_bad_rows:
-        more = f"\n  ... and {len(errors) - MAX_ERRORS_SHOWN} more" if len(
-            errors) > MAX_ERRORS_SHOWN else ""
-        raise UsageError(f"{len(errors)} bad row(s) in the dataset:\n  " +
-                         "\n  ".join(errors[:MAX_ERRORS_SHOWN]) + more +
+        more = f"\n  ... and {bad - len(errors)} more" if bad > len(errors) else ""
+        raise UsageError(f"{bad} bad row(s) in the dataset:\n  " +
+                         "\n  ".join(errors) + more +
                          "\nFix them, or pass --skip_bad_rows true to leave them out "
                          "(skipped rows are counted).")
     if errors:
-        warn(f"skipped {len(errors)} bad row(s): " + ", ".join(
+        warn(f"skipped {bad} bad row(s): " + ", ".join(
             f"{n} {k}" for k, n in report.skipped.most_common()) + f" (first: {errors[0]})")
     report.kept, report.validation = len(convs), len(val)
     if not convs:
         raise UsageError(f"the dataset {' '.join(specs)} has no usable rows ({report.summary()}).")
-    return Loaded(convs, val, report)
+    return Loaded(Rows(convs, files), Rows(val, files), report)
 
 
 def _split(rows: list, ratio: float, n: int | None, seed: int) -> tuple[list, list]:
