@@ -321,3 +321,25 @@ def test_a_warm_start_skips_reading_the_files_until_one_changes(tmp_path, monkey
         f.write('{"messages": [{"role": "user", "content": "x"}]}\n')
     with pytest.raises(UsageError, match="d.jsonl:13"):
         run()
+
+
+def test_jsonl_rows_stay_on_disk_until_tokenised(tmp_path, tiny_qwen2):
+    """load_datasets keeps a .jsonl row as its place in the file (not its dicts); the rows it
+    reads back, in forked tokenising workers too, are the ones checked, #N and split applied."""
+    from transformers import AutoTokenizer
+
+    from swiftlite.data.loader import load_datasets
+    rows = [{"messages": [{"role": "user", "content": f"Q{i}: café?"},
+                          {"role": "assistant", "content": f"A{i} " * (i % 30 + 1)}]}
+            for i in range(2500)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    loaded = load_datasets([f"{path}#3000"], split_ratio=0.1)
+    assert all(isinstance(item, tuple) for item in loaded.train._items)
+    assert len(loaded.train) == 3000 - 250 and len(loaded.val) == 250  # 10% of the 2500 rows
+    first = loaded.train[0]
+    assert first["where"].startswith(f"{path}:") and first["messages"][0]["content"].startswith("Q")
+    in_memory = list(loaded.train)
+    t = get_template("qwen", AutoTokenizer.from_pretrained(tiny_qwen2))
+    a, _ = encode_dataset(loaded.train, t, max_length=128, use_cache=False, num_proc=2)
+    b, _ = encode_dataset(in_memory, t, max_length=128, use_cache=False, num_proc=1)
+    assert a["input_ids"] == b["input_ids"] and a["labels"] == b["labels"]
