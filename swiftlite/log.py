@@ -45,6 +45,14 @@ def hide_library_noise() -> None:
     # printed 97 of these.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated",
                             category=FutureWarning)
+    # bitsandbytes (imported by peft whenever it is installed, QLoRA or not) looks for an
+    # optional faster CPU 4-bit kernel on the hub and says so on every start when it is absent.
+    import logging
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_no_kernels_notice)
+
+
+def _no_kernels_notice(record) -> bool:
+    return not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward")
 
 
 @contextmanager
