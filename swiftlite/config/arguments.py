@@ -430,7 +430,8 @@ class MergeArguments:
     exist_ok: bool = arg(False, "replace an existing output folder", group="model")
     verify: bool = arg(True, "compare merged and adapter logits on a few samples (loads the "
                        "model twice, one after the other)", group="model")
-    quant_bits: Optional[int] = arg(None, "refused: see validate", group="hidden")
+    quant_bits: Optional[int] = arg(None, "not accepted (the merge writes full-precision "
+                                    "weights); a field only to say why", group="hidden")
 
     def validate(self) -> "MergeArguments":
         problems = []

@@ -22,7 +22,7 @@ def merge_fields():
     from swiftlite.config.arguments import MergeArguments
     # exist_ok is not offered: the Web-UI writes only new folders (webui.policy)
     return [f for f in dataclasses.fields(MergeArguments) if f.name not in ("ckpt_dir",
-                                                                            "exist_ok")]
+            "exist_ok") and f.metadata.get("group") != "hidden"]
 
 
 def merge_args(ckpt_dir: str, values: dict, policy):
