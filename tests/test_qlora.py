@@ -12,7 +12,7 @@ import pytest
 
 from swiftlite import cli
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 pytest.importorskip("bitsandbytes")
 
@@ -174,11 +174,7 @@ def test_estimate_counts_4bit_weights_and_recommends_qlora_for_7b_on_a_t4():
 
 @pytest.mark.slow
 def test_zero2_with_a_quantized_base_on_two_processes(tmp_path):
-    env = {"NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "1"}
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        env["MASTER_PORT"] = str(s.getsockname()[1])
+    env = {"NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "1", "MASTER_PORT": str(free_port())}
     run_cli("sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#32", "--max_steps", "4",
             "--quant_bits", "4", "--deepspeed", "zero2", "--per_device_train_batch_size", "2",
             "--learning_rate", "2e-2", "--logging_steps", "1", "--report_to", "none",

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 TINY = ["--model", "tiny-qwen2", "--max_steps", "2", "--per_device_train_batch_size", "2",
         "--gradient_accumulation_steps", "1", "--torch_dtype", "float32", "--report_to", "none"]
@@ -216,17 +216,10 @@ LONG_2PROC = ["--model", "tiny-qwen2", "--dataset", "self-cognition#64", "--max_
               "--save_steps", "100000", "--report_to", "none"]
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_rank_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in (
         "SWIFTLITE_RUN_DIR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
-    return {**env, "NPROC_PER_NODE": "2", "MASTER_PORT": str(_free_port()),
+    return {**env, "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port()),
             "OMP_NUM_THREADS": "1"}
 
 

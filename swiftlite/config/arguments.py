@@ -227,10 +227,8 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
                             f"{self.train_type}: a quantized base cannot be trained itself; "
                             "train LoRA adapters on it (--train_type lora)")
         if self.quant_bits is not None and "zero3" in str(self.deepspeed or ""):
-            problems.append(f"--quant_bits with --deepspeed {self.deepspeed}: ZeRO-3 partitions "
-                            "the base weights, and bitsandbytes' packed 4/8-bit weights cannot "
-                            "be partitioned; use zero2 (or zero2_offload), which shards only "
-                            "the LoRA weights' optimizer state")
+            # a preset, caught here for the Web-UI's form; any ZeRO-3 config: sft's preflight
+            problems.append(f"--quant_bits with --deepspeed {self.deepspeed}: {QUANT_ZERO3}")
         _raise_if(problems)
         return self
 
@@ -333,6 +331,9 @@ class InferArguments(ModelArguments, GenerationArguments):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationArguments)}
 
 
+QUANT_ZERO3 = ("ZeRO-3 partitions the base weights, and bitsandbytes' packed 4/8-bit weights "
+               "cannot be partitioned; use zero2 (or zero2_offload), which shards only the LoRA "
+               "weights' optimizer state")
 DEPLOY_PT_BATCH = 32  # the pt server's batch; measured in README's serving table
 
 

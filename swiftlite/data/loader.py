@@ -172,12 +172,7 @@ class Rows(Sequence):
             return item
         index, offset, line = item
         path, fmt, require_reply = self._files[index]
-        key = (os.getpid(), index)  # a forked worker must not share its parent's file offset
-        if key not in self._handles:
-            self._handles[key] = open(path, "rb")
-        f = self._handles[key]
-        f.seek(offset)
-        raw = f.readline()
+        raw = self._line(index, offset)
         conv = to_conversation(json.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8")),
                                fmt, require_reply=require_reply)
         conv["where"] = f"{path}:{line}"
@@ -192,12 +187,16 @@ class Rows(Sequence):
                                     ensure_ascii=False).encode())
                 continue
             index, offset, _ = item
-            key = (os.getpid(), index)
-            if key not in self._handles:
-                self._handles[key] = open(self._files[index][0], "rb")
-            f = self._handles[key]
-            f.seek(offset)
-            h.update(self._files[index][1].encode() + f.readline())
+            h.update(self._files[index][1].encode() + self._line(index, offset))
+
+    def _line(self, index: int, offset: int) -> bytes:
+        """The raw line at `offset` of file `index`."""
+        key = (os.getpid(), index)  # a forked worker must not share its parent's file offset
+        if key not in self._handles:
+            self._handles[key] = open(self._files[index][0], "rb")
+        f = self._handles[key]
+        f.seek(offset)
+        return f.readline()
 
     def __getstate__(self):
         return {"_items": self._items, "_files": self._files, "_handles": {}}

@@ -74,12 +74,8 @@ class InferEngine:
         template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
         what = f"{ckpt.base_dir} + adapter {ckpt.path}" if ckpt.kind == "adapter" else ckpt.path
         info(f"loading {what} ({dtype}, {device}, template {template.name})")
-        from types import SimpleNamespace
-
         from swiftlite.models.loader import quantization_config
-        quant = quantization_config(SimpleNamespace(**{
-            "quant_bits": None, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-            **{k: v for k, v in overrides.items() if k in QUANT_FIELDS and v is not None}}), dtype)
+        quant = quantization_config(overrides, dtype)
         if quant is not None:
             info(f"the base model in {overrides['quant_bits']} bits (bitsandbytes)")
         net = load_model(ckpt.model_dir, dtype, trust_remote_code=trust,

@@ -23,18 +23,22 @@ def torch_dtype(name: str):
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
-def quantization_config(args, dtype: str):
-    """transformers' BitsAndBytesConfig for --quant_bits (None without it): the frozen linear
-    layers in 4 bits (nf4/fp4, blocks of 64 with their scales) or 8 bits (LLM.int8), computing
-    in `dtype`; embeddings, norms and the LM head stay in `dtype` (transformers' default)."""
-    bits = getattr(args, "quant_bits", None)
+def quantization_config(settings: dict, dtype: str):
+    """transformers' BitsAndBytesConfig for the quant_bits / bnb_4bit_* values in `settings`
+    (an arguments dataclass's vars, a run's args.json, InferEngine.load's overrides; None
+    without quant_bits): the frozen linear layers in 4 bits (nf4/fp4, blocks of 64 with their
+    scales) or 8 bits (LLM.int8), computing in `dtype`; embeddings, norms and the LM head stay
+    in `dtype` (transformers' default)."""
+    bits = settings.get("quant_bits")
     if bits is None:
         return None
     from transformers import BitsAndBytesConfig
     if bits == 8:
         return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=args.bnb_4bit_quant_type,
-                              bnb_4bit_use_double_quant=args.bnb_4bit_use_double_quant,
+    double = settings.get("bnb_4bit_use_double_quant")
+    return BitsAndBytesConfig(load_in_4bit=True,
+                              bnb_4bit_quant_type=settings.get("bnb_4bit_quant_type") or "nf4",
+                              bnb_4bit_use_double_quant=True if double is None else double,
                               bnb_4bit_compute_dtype=torch_dtype(dtype))
 
 

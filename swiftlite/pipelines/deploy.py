@@ -10,7 +10,6 @@ Safe by default: it listens on 127.0.0.1; another --host needs an --api_key (or
 """
 from __future__ import annotations
 
-import ipaddress
 import os
 
 from swiftlite.config.arguments import DEPLOY_PT_BATCH, DeployArguments
@@ -19,17 +18,9 @@ from swiftlite.errors import UsageError
 from swiftlite.log import info
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_exposure(args: DeployArguments) -> None:
-    if not _is_loopback(args.host) and not args.api_key and not args.allow_remote_without_key:
+    from swiftlite.runtime.http_guard import is_loopback
+    if not is_loopback(args.host) and not args.api_key and not args.allow_remote_without_key:
         raise UsageError(f"--host {args.host} makes the server reachable from other machines, "
                          "and no --api_key is set. Set --api_key (or SWIFTLITE_API_KEY), or "
                          "pass --allow_remote_without_key true if that is what you want.")

@@ -121,14 +121,9 @@ def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
                        "merged_from": os.path.abspath(args.ckpt_dir),
                        "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)
         if args.verify:
-            from types import SimpleNamespace
-
             from swiftlite.models.loader import quantization_config
             run = ckpt.run_args or {}
-            quant = quantization_config(SimpleNamespace(
-                quant_bits=run.get("quant_bits"),
-                bnb_4bit_quant_type=run.get("bnb_4bit_quant_type", "nf4"),
-                bnb_4bit_use_double_quant=run.get("bnb_4bit_use_double_quant", True)), "float32")
+            quant = quantization_config(run, "float32")
             diff, other = max_logit_difference(ckpt.base_dir, args.ckpt_dir, tmp, template,
                                                None if dtype_name == "float32" else out_dtype,
                                                quant)

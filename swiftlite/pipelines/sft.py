@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 from swiftlite.runtime import hardware
-from swiftlite.config.arguments import SftArguments
+from swiftlite.config.arguments import QUANT_ZERO3, SftArguments
 from swiftlite.config.parsing import build, to_dict
 from swiftlite.data import load_conversations, load_datasets
 from swiftlite.data.encode import describe, encode_dataset, load_cached, show_sample, warn_if_end_of_turn_untrained
@@ -57,9 +57,7 @@ def preflight(args: SftArguments) -> None:
     if args.quant_bits is not None and args.deepspeed and str(args.deepspeed).strip() != "auto":
         from swiftlite.training.deepspeed import load_config, zero_stage
         if zero_stage(load_config(args.deepspeed)) == 3:
-            raise UsageError("--quant_bits with a ZeRO-3 config: ZeRO-3 partitions the base "
-                             "weights, and bitsandbytes' packed 4/8-bit weights cannot be "
-                             "partitioned; use zero2 (or zero2_offload)")
+            raise UsageError(f"--quant_bits with a ZeRO-3 config: {QUANT_ZERO3}")
     if args.resume_from_checkpoint:
         ckpt = resolve_resume(args.resume_from_checkpoint, args.train_type, args.deepspeed)
         if ckpt != args.resume_from_checkpoint:
@@ -190,7 +188,7 @@ def _run(args: SftArguments) -> SftResult:
                                             args.trust_remote_code)
     from swiftlite.training.deepspeed import zero3_init
     zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
-    quant = quantization_config(args, dtype)
+    quant = quantization_config(vars(args), dtype)
     if quant is not None:
         info(f"QLoRA: the frozen base in {args.quant_bits} bits (bitsandbytes" + (
             f", {args.bnb_4bit_quant_type}{', double quant' if args.bnb_4bit_use_double_quant else ''}"

@@ -14,6 +14,17 @@ from urllib.parse import urlsplit
 LOOPBACK_NAMES = ["localhost", "127.0.0.1", "::1"]
 
 
+def is_loopback(host: str) -> bool:
+    """Does listening on `host` keep a server on this machine?"""
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def default_hosts(host: str, share: bool) -> list[str]:
     """The names a browser may use for this Web-UI: loopback, --host, and when listening on
     every address, this machine's names and addresses; gradio.live links with --share."""

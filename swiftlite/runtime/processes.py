@@ -28,6 +28,25 @@ def tree(pid: int, create_time: float | None = None) -> list:
         return []
 
 
+def records(procs: list) -> list[list]:
+    """[pid, start time] of each process, to write down (e.g. in a JSON state file)."""
+    return [[p.pid, t] for p in procs if (t := _created(p)) is not None]
+
+
+def from_records(recs: list) -> list:
+    """The processes of records() that are still the ones recorded (not a reused pid)."""
+    import psutil
+    out = []
+    for pid, created in recs:
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) < 1:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
 def running(procs: list) -> list:
     """Members still running (a zombie has ended: it only waits for its parent to read it)."""
     import psutil

@@ -77,21 +77,12 @@ class WebUIArguments:
     def check_exposure(self) -> None:
         """Reachable from other machines means anyone there can train and run code: only
         behind a login."""
+        from swiftlite.runtime.http_guard import is_loopback
         if self.credentials() is None and (self.share or not is_loopback(self.host)):
             how = "--share publishes a public link" if self.share else \
                 f"--host {self.host} listens beyond this machine"
             raise UsageError(f"{how}, so a login is required: add --auth user:password (or set "
                              f"{AUTH_ENV}), or listen on 127.0.0.1 only.")
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def create_app(output_root: str = "output", policy=None):

@@ -82,27 +82,14 @@ def _alive(state: dict) -> bool:
         return False
 
 
-def _members(state: dict) -> list:
-    """The run's processes recorded when Stop was pressed (swiftlite, torchrun, workers)."""
-    import psutil
-    out = []
-    for pid, created in state.get("members", []):
-        try:
-            p = psutil.Process(pid)
-            if abs(p.create_time() - created) < 1:
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 def status(run_dir: str) -> str:
     state = read_state(run_dir)
     if not state:  # a run started from the CLI
         return "finished" if os.path.exists(os.path.join(run_dir, "metrics.json")) \
             else "incomplete"
-    from swiftlite.runtime.processes import running
-    if state.get("stop_requested") and running(_members(state)):
+    from swiftlite.runtime.processes import from_records, running
+    # the run's processes recorded when Stop was pressed (swiftlite, torchrun, workers)
+    if state.get("stop_requested") and running(from_records(state.get("members", []))):
         return "stopping"  # stopped means every rank is gone
     if state.get("status") in FINAL:
         return state["status"]
@@ -256,22 +243,22 @@ class RunManager:
     def stop(self, run_dir: str) -> str:
         """End the run and every process it started (see runtime.processes); the run says
         "stopping" until the last of them is gone."""
-        from swiftlite.runtime.processes import tree
+        from swiftlite.runtime.processes import records, tree
         state = read_state(run_dir)
         if status(run_dir) != "running":
             raise UsageError(f"{os.path.basename(run_dir)} is not running "
                              f"({status(run_dir)}); nothing to stop.")
         members = tree(state["pid"], state.get("create_time"))
         write_state(run_dir, stop_requested=True, stop_time=time.time(),
-                    members=[[p.pid, p.create_time()] for p in members])
+                    members=records(members))
         threading.Thread(target=self._end, args=(run_dir, members), daemon=True).start()
         return "stopping"
 
     @staticmethod
     def _end(run_dir: str, members: list) -> None:
-        from swiftlite.runtime.processes import end_tree, grow
-        members = grow(members)
-        write_state(run_dir, members=[[p.pid, p.create_time()] for p in members])
+        from swiftlite.runtime.processes import end_tree, grow, records
+        members = grow(members)  # any started since Stop was pressed count too
+        write_state(run_dir, members=records(members))
         end_tree(members, ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 5),
                            (signal.SIGKILL, 5)))
         if read_state(run_dir).get("status") not in FINAL:
