@@ -22,14 +22,22 @@ def _masked(msg: str) -> str:
     return msg
 
 
+def _prefix() -> str | None:
+    """None where this process keeps quiet: every rank but the main one, unless
+    SWIFTLITE_LOG_ALL_RANKS=1 (to see what each rank does), which names the rank."""
+    if os.environ.get("SWIFTLITE_LOG_ALL_RANKS") == "1" and "RANK" in os.environ:
+        return f"[swiftlite rank {os.environ['RANK']}]"
+    return "[swiftlite]" if is_main_process() else None
+
+
 def info(msg: str) -> None:
-    if is_main_process():
-        print(f"[swiftlite] {_masked(msg)}", file=sys.stderr, flush=True)
+    if (prefix := _prefix()) is not None:
+        print(f"{prefix} {_masked(msg)}", file=sys.stderr, flush=True)
 
 
 def warn(msg: str) -> None:
-    if is_main_process():
-        print(f"[swiftlite] WARNING: {_masked(msg)}", file=sys.stderr, flush=True)
+    if (prefix := _prefix()) is not None:
+        print(f"{prefix} WARNING: {_masked(msg)}", file=sys.stderr, flush=True)
 
 
 def hide_library_noise() -> None:

@@ -206,11 +206,24 @@ def zero3_run(tiny_qwen2, tmp_path_factory):
 
 @pytest.mark.slow
 def test_zero0_plain_torchrun_matches_single_process(single, tmp_path):
-    run(["bash", "scripts/multi_gpu_torchrun.sh", "--per_device_train_batch_size", "2",
-         "--save_steps", "100", *TRAIN[4:]],
-        child_env(DEEPSPEED="zero0", NPROC_PER_NODE=2, MASTER_PORT=free_port(),
-                  OUTPUT_DIR=tmp_path))
-    assert_same_losses(losses(the_run_dir(tmp_path)), single)
+    """Also: on a cold data cache, one rank tokenises and the other never runs the encoder
+    (it waits for the entry and memory-maps it)."""
+    from swiftlite.runtime.paths import cache_dir
+    cold = tmp_path / "cache"
+    cold.mkdir()
+    os.symlink(cache_dir("models"), cold / "models")  # the built models, not the data cache
+    r = run(["bash", "scripts/multi_gpu_torchrun.sh", "--per_device_train_batch_size", "2",
+             "--save_steps", "100", *TRAIN[4:]],
+            child_env(DEEPSPEED="zero0", NPROC_PER_NODE=2, MASTER_PORT=free_port(),
+                      OUTPUT_DIR=tmp_path / "out", SWIFTLITE_CACHE=cold,
+                      SWIFTLITE_LOG_ALL_RANKS=1))
+    assert_same_losses(losses(the_run_dir(tmp_path / "out")), single)
+    encoded = [line for line in r.stderr.splitlines() if "train: tokenised 32 samples" in line]
+    mapped = [line for line in r.stderr.splitlines()
+              if "train: tokenised data loaded from the cache" in line]
+    assert len(encoded) == 1 and len(mapped) == 1, r.stderr[-4000:]
+    assert {encoded[0].split("]")[0], mapped[0].split("]")[0]} == {
+        "[swiftlite rank 0", "[swiftlite rank 1"}
 
 
 @pytest.mark.slow

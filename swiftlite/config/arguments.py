@@ -99,6 +99,12 @@ class DataArguments:
                                   factory=list, group="data")
     data_seed: int = arg(42, "seed for dataset sampling (#N) and splitting", group="data")
     load_from_cache_file: bool = arg(True, "reuse tokenised data cached on disk", group="data")
+    streaming: bool = arg(False, "read and tokenise rows as training consumes them, nothing "
+                          "upfront (data larger than memory; needs --max_steps)", group="data")
+    shuffle_buffer_size: int = arg(1000, "--streaming: samples in the shuffle buffer",
+                                   group="data")
+    packing: bool = arg(False, "pack samples into rows of up to --max_length tokens (fewer, "
+                        "fuller steps; attention stays inside each sample)", group="data")
 
 
 @dataclass
@@ -218,6 +224,7 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
             problems.append(f"--learning_rate must be positive, got {self.learning_rate}")
         if self.max_steps <= 0 and self.num_train_epochs <= 0:
             problems.append("set --max_steps or --num_train_epochs to a positive number")
+        problems += self._data_mode_problems()
         if self.resume_from_checkpoint and not os.path.isdir(self.resume_from_checkpoint):
             problems.append(f"--resume_from_checkpoint {self.resume_from_checkpoint}: no such "
                             "folder")
@@ -231,6 +238,25 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
             problems.append(f"--quant_bits with --deepspeed {self.deepspeed}: {QUANT_ZERO3}")
         _raise_if(problems)
         return self
+
+    def _data_mode_problems(self) -> list[str]:
+        problems = []
+        if self.streaming and self.max_steps <= 0:
+            problems.append("--streaming true needs --max_steps N: a stream has no length to "
+                            "count epochs in")
+        if self.streaming and self.split_dataset_ratio:
+            problems.append("--split_dataset_ratio with --streaming true: a held-out share "
+                            "needs every row first; give --val_dataset FILE instead")
+        if self.streaming and self.packing:
+            problems.append("--packing with --streaming true: packing is planned over every "
+                            "sample's length; use one of them")
+        if self.packing and not self.padding_free:
+            problems.append("--packing true keeps samples apart the way padding-free batches "
+                            "do (position ids): drop --padding_free false")
+        if self.shuffle_buffer_size < 1:
+            problems.append(f"--shuffle_buffer_size must be at least 1, got "
+                            f"{self.shuffle_buffer_size}")
+        return problems
 
 
 def _not_positive(obj, names) -> list[str]:

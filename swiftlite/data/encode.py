@@ -231,7 +231,8 @@ def _encode(job: tuple, out_dir: str, skip_bad_rows: bool, num_proc: int) -> Enc
 
 
 @dataclass
-class _Part:
+class Counts:
+    """What became of some conversations: truncated, dropped (per reason), trained tokens."""
     samples: int = 0
     truncated: int = 0
     dropped: Counter = field(default_factory=Counter)
@@ -244,28 +245,20 @@ _JOB = None  # (conversations, template, max_length, truncation_strategy, name) 
 
 
 def _encode_chunk(start: int):
-    """(Arrow table or None, _Part) for the chunk of _JOB's conversations at `start`."""
+    """(Arrow table or None, Counts) for the chunk of _JOB's conversations at `start`."""
     import pyarrow as pa
     conversations, template, max_length, strategy, name = _JOB
     chunk = conversations[start:start + _CHUNK]
-    part, ids, labels = _Part(samples=len(chunk)), [], []
+    part, ids, labels = Counts(samples=len(chunk)), [], []
     for conv, sample in zip(chunk, template.encode_batch(chunk)):
         if isinstance(sample, Exception):
             where = conv.get("where", f"{name} sample") if isinstance(conv, dict) else name
             part.rejected.append(f"{where}: {template.describe()} cannot render it: {sample}")
             part.dropped["rejected by the chat template"] += 1
             continue
-        if len(sample["input_ids"]) > max_length:
-            sample = _truncate(sample, max_length, strategy)
-            if sample is None:
-                part.dropped[f"longer than max_length {max_length}"] += 1
-                continue
-            part.truncated += 1
-        trained = sum(1 for x in sample["labels"] if x != IGNORE_INDEX)
-        if trained == 0:
-            part.dropped["no trained tokens (reply cut off or empty)"] += 1
+        sample = fit(sample, max_length, strategy, part)
+        if sample is None:
             continue
-        part.trained_tokens += trained
         ids.append(sample["input_ids"])
         labels.append(sample["labels"])
         part.lengths.append(len(sample["input_ids"]))
@@ -275,6 +268,23 @@ def _encode_chunk(start: int):
                       "labels": pa.array(labels, pa.list_(pa.int32())),
                       "length": pa.array(part.lengths, pa.int32())})
     return table, part
+
+
+def fit(sample: dict, max_length: int, strategy: str, counts: "Counts") -> dict | None:
+    """The sample within max_length (truncated by strategy), or None when it is dropped;
+    counted in counts either way."""
+    if len(sample["input_ids"]) > max_length:
+        sample = _truncate(sample, max_length, strategy)
+        if sample is None:
+            counts.dropped[f"longer than max_length {max_length}"] += 1
+            return None
+        counts.truncated += 1
+    trained = sum(1 for x in sample["labels"] if x != IGNORE_INDEX)
+    if trained == 0:
+        counts.dropped["no trained tokens (reply cut off or empty)"] += 1
+        return None
+    counts.trained_tokens += trained
+    return sample
 
 
 def describe(report: EncodeReport, name: str, max_length: int) -> str:

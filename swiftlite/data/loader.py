@@ -285,48 +285,14 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
     report, convs, val, errors, files = LoadReport(), [], [], [], []
     for spec in specs:
         path, n = parse_spec(spec)
-        builtin = path in BUILTIN and not os.path.exists(path)
-        lazy = not builtin and path.lower().endswith(".jsonl") and os.path.exists(path)
-        if lazy:  # streamed (its first rows once more for the format), never held in memory
-            def raw_rows(path=path):
-                return jsonl_rows(path)
-        else:
-            held = _builtin_rows(path, model_name, model_author) if builtin else read_rows(path)
-
-            def raw_rows(held=held):
-                return ((where, row, None) for where, row in held)
-        first_where, first, fmt = None, None, None
-        for where, row, _ in raw_rows():
-            first_where = first_where or where
-            if isinstance(row, BadRow):
-                continue
-            first = row if first is None else first
-            fmt = detect_format(row)
-            if fmt:
-                break
-        if fmt is None and first is not None and not skip_bad_rows:
-            keys = sorted(first) if isinstance(first, dict) else type(first).__name__
-            raise UsageError(f"{first_where}: unknown dataset format (columns {keys}). Expected "
-                             "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + "
-                             "'output' (Alpaca) or 'query' + 'response'.")
+        raw_rows, lazy = open_rows(path, model_name, model_author)
+        fmt = file_format(raw_rows, skip_bad_rows)
         files.append((path, fmt, require_reply))
         good = []
         for where, row, start in raw_rows():
             report.rows += 1
             try:
-                if isinstance(row, BadRow):
-                    raise row
-                own = detect_format(row)
-                if fmt is None:
-                    raise BadRow("unknown format", "unknown format")
-                if own is None and isinstance(row, dict) and not set(row) & _KEYS[fmt]:
-                    raise BadRow(f"unknown format: columns {sorted(row)}, but the file's rows "
-                                 f"are {fmt} ({' + '.join(sorted(_KEYS[fmt]))})", "unknown format")
-                if own is not None and own != fmt:
-                    raise BadRow(f"row is in the {own} format, the file's first rows are {fmt}",
-                                 "mixed formats")
-                conv = to_conversation(row, fmt, require_reply=require_reply)
-                conv["where"] = where
+                conv = check_row(row, where, fmt, require_reply)
                 good.append((len(files) - 1, start, int(where.rsplit(":", 1)[1])) if lazy
                             else conv)
             except BadRow as e:
@@ -360,6 +326,54 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
         raise UsageError(f"the dataset {' '.join(specs)} has no usable rows ({report.summary()}).")
     return Loaded(Rows(convs, files), Rows(val, files), report)
 
+
+def open_rows(path: str, model_name=None, model_author=None):
+    """(raw_rows, lazy): raw_rows() yields (where, row or BadRow, byte offset or None) for
+    each row of a file or built-in, every time it is called; lazy when the file is a .jsonl,
+    streamed from disk rather than held in memory."""
+    builtin = path in BUILTIN and not os.path.exists(path)
+    if not builtin and path.lower().endswith(".jsonl") and os.path.exists(path):
+        return (lambda: jsonl_rows(path)), True
+    held = _builtin_rows(path, model_name, model_author) if builtin else read_rows(path)
+    return (lambda: ((where, row, None) for where, row in held)), False
+
+
+def file_format(raw_rows, skip_bad_rows: bool) -> str | None:
+    """The dataset format of a file, from its first rows that have one (None when no row
+    has one and skip_bad_rows lets every row be skipped)."""
+    first_where, first = None, None
+    for where, row, _ in raw_rows():
+        first_where = first_where or where
+        if isinstance(row, BadRow):
+            continue
+        first = row if first is None else first
+        fmt = detect_format(row)
+        if fmt:
+            return fmt
+    if first is not None and not skip_bad_rows:
+        keys = sorted(first) if isinstance(first, dict) else type(first).__name__
+        raise UsageError(f"{first_where}: unknown dataset format (columns {keys}). Expected "
+                         "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + "
+                         "'output' (Alpaca) or 'query' + 'response'.")
+    return None
+
+
+def check_row(row, where: str, fmt: str | None, require_reply: bool = True) -> dict:
+    """The conversation of one row of a file in format fmt; BadRow says why it has none."""
+    if isinstance(row, BadRow):
+        raise row
+    own = detect_format(row)
+    if fmt is None:
+        raise BadRow("unknown format", "unknown format")
+    if own is None and isinstance(row, dict) and not set(row) & _KEYS[fmt]:
+        raise BadRow(f"unknown format: columns {sorted(row)}, but the file's rows "
+                     f"are {fmt} ({' + '.join(sorted(_KEYS[fmt]))})", "unknown format")
+    if own is not None and own != fmt:
+        raise BadRow(f"row is in the {own} format, the file's first rows are {fmt}",
+                     "mixed formats")
+    conv = to_conversation(row, fmt, require_reply=require_reply)
+    conv["where"] = where
+    return conv
 
 def _split(rows: list, ratio: float, n: int | None, seed: int) -> tuple[list, list]:
     """(validation, training) rows: ratio of the rows that will be used (all of them, or the

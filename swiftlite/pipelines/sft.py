@@ -101,6 +101,56 @@ def _read_data(args: SftArguments):
     return train_convs, val_convs, load_report
 
 
+def _encode(convs, name: str, args: SftArguments, template, num_proc: int):
+    return encode_dataset(convs, template, max_length=args.max_length,
+                          truncation_strategy=args.truncation_strategy, name=name,
+                          use_cache=args.load_from_cache_file,
+                          skip_bad_rows=args.skip_bad_rows, num_proc=num_proc)
+
+
+def _show(train_ds, enc_report, val_report, args: SftArguments, template, tokenizer) -> None:
+    """The counts, the first sample as training sees it and the longest one; a warning when
+    the end of a turn is never trained."""
+    if len(train_ds) == 0:
+        raise UsageError("no samples left after encoding: " + describe(
+            enc_report, "train", args.max_length) + "\nRaise --max_length or use "
+            "--truncation_strategy right.")
+    if is_main_process():
+        info(describe(enc_report, "train", args.max_length))
+        if val_report is not None:
+            info(describe(val_report, "val", args.max_length))
+        info("first sample:\n" + show_sample(train_ds[0], tokenizer))
+        lengths = enc_report.lengths
+        longest = max(range(len(lengths)), key=lengths.__getitem__)
+        info(f"longest sample: #{longest}, {lengths[longest]} tokens")
+    warn_if_end_of_turn_untrained(train_ds, template)
+
+
+def _stream(args: SftArguments, template, tokenizer, num_proc: int):
+    """--streaming: (the training stream, val dataset or None, its EncodeReport or None, the
+    StreamReport that counts as training reads)."""
+    from swiftlite.data.stream import first_sample, stream_dataset
+    options = dict(max_length=args.max_length, truncation_strategy=args.truncation_strategy,
+                   skip_bad_rows=args.skip_bad_rows, model_name=args.model_name,
+                   model_author=args.model_author)
+    first = first_sample(args.dataset, template, **options)
+    train_ds, report = stream_dataset(args.dataset, template, seed=args.data_seed,
+                                      buffer_size=args.shuffle_buffer_size, **options)
+    val_ds = val_report = None
+    if args.val_dataset:
+        val_convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
+                                          skip_bad_rows=args.skip_bad_rows,
+                                          model_name=args.model_name,
+                                          model_author=args.model_author)
+        val_ds, val_report = _encode(val_convs, "val", args, template, num_proc)
+        info(describe(val_report, "val", args.max_length))
+    info(f"dataset: streaming {' '.join(args.dataset)} (nothing read upfront; shuffle buffer "
+         f"{args.shuffle_buffer_size} samples)")
+    info("first sample:\n" + show_sample(first, tokenizer))
+    warn_if_end_of_turn_untrained([first], template)
+    return train_ds, val_ds, val_report, report
+
+
 def _run(args: SftArguments) -> SftResult:
     t_start = time.time()
     from swiftlite.runtime.allocator import describe as allocator_line
@@ -119,9 +169,12 @@ def _run(args: SftArguments) -> SftResult:
     # 1. Data: read and validate every row before loading anything heavy; unless these very
     # files were read and encoded before (data.manifest), then the model comes first.
     from swiftlite.data import manifest
-    fkey = manifest.files_key(args) if args.load_from_cache_file else None
+    fkey = manifest.files_key(args) if args.load_from_cache_file and not args.streaming else None
     warm = manifest.known(fkey)
-    if not warm:
+    if args.streaming:  # read as training goes; only a --val_dataset is read now
+        from swiftlite.data.stream import check_specs
+        check_specs(args.dataset)
+    elif not warm:
         train_convs, val_convs, load_report = _read_data(args)
 
     # 2. Model folder, tokenizer and template.
@@ -136,49 +189,40 @@ def _run(args: SftArguments) -> SftResult:
              "the adapters. Consider --template default, or the -Instruct model.")
 
     # 3. Encode (cached on disk), split, and show what training will see.
-    ekey = manifest.encoding_key(template, args.max_length, args.truncation_strategy)
-    hit = manifest.lookup(fkey, ekey) if warm else None
-    train = hit and load_cached(hit["train"], "train")
-    val = hit and (load_cached(hit["val"], "val") if hit["val"] else (None, None))
-    if train and val:  # (a cache entry swept meanwhile: read the data after all)
-        load_report = LoadReport.from_dict(hit["load_report"])
-        info(f"dataset: {load_report.summary()} (these files were read before: "
-             "--load_from_cache_file false reads them again)")
-        (train_ds, enc_report), (val_ds, val_report) = train, val
+    num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
+    if args.streaming:
+        train_ds, val_ds, val_report, stream_report = _stream(args, template, tokenizer,
+                                                              num_proc)
+        data_report = {"streaming": True, "shuffle_buffer_size": args.shuffle_buffer_size}
     else:
-        if warm:  # the files are known, but not with this template or max_length
-            train_convs, val_convs, load_report = _read_data(args)
-        num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
-        train_ds, enc_report = encode_dataset(
-            train_convs, template, max_length=args.max_length,
-            truncation_strategy=args.truncation_strategy, name="train",
-            use_cache=args.load_from_cache_file, skip_bad_rows=args.skip_bad_rows,
-            num_proc=num_proc)
-        del train_convs  # the encoded rows are memory-mapped; the dicts can go
-        val_ds = val_report = None
-        if val_convs:
-            val_ds, val_report = encode_dataset(val_convs, template, max_length=args.max_length,
-                                                truncation_strategy=args.truncation_strategy,
-                                                name="val", use_cache=args.load_from_cache_file,
-                                                skip_bad_rows=args.skip_bad_rows,
-                                                num_proc=num_proc)
-        if fkey and enc_report.cache_path and (val_report is None or val_report.cache_path):
-            manifest.save(fkey, ekey, {"load_report": load_report.to_dict(),
-                                       "train": enc_report.cache_path,
-                                       "val": val_report.cache_path if val_report else None})
-    if len(train_ds) == 0:
-        raise UsageError("no samples left after encoding: " + describe(
-            enc_report, "train", args.max_length) + "\nRaise --max_length or use "
-            "--truncation_strategy right.")
-    if is_main_process():
-        info(describe(enc_report, "train", args.max_length))
-        if val_report is not None:
-            info(describe(val_report, "val", args.max_length))
-        info("first sample:\n" + show_sample(train_ds[0], tokenizer))
-        lengths = enc_report.lengths
-        longest = max(range(len(lengths)), key=lengths.__getitem__)
-        info(f"longest sample: #{longest}, {lengths[longest]} tokens")
-    warn_if_end_of_turn_untrained(train_ds, template)
+        ekey = manifest.encoding_key(template, args.max_length, args.truncation_strategy)
+        hit = manifest.lookup(fkey, ekey) if warm else None
+        train = hit and load_cached(hit["train"], "train")
+        val = hit and (load_cached(hit["val"], "val") if hit["val"] else (None, None))
+        if train and val:  # (a cache entry swept meanwhile: read the data after all)
+            load_report = LoadReport.from_dict(hit["load_report"])
+            info(f"dataset: {load_report.summary()} (these files were read before: "
+                 "--load_from_cache_file false reads them again)")
+            (train_ds, enc_report), (val_ds, val_report) = train, val
+        else:
+            if warm:  # the files are known, but not with this template or max_length
+                train_convs, val_convs, load_report = _read_data(args)
+            train_ds, enc_report = _encode(train_convs, "train", args, template, num_proc)
+            del train_convs  # the encoded rows are memory-mapped; the dicts can go
+            val_ds, val_report = _encode(val_convs, "val", args, template, num_proc) \
+                if val_convs else (None, None)
+            if fkey and enc_report.cache_path and (val_report is None or val_report.cache_path):
+                manifest.save(fkey, ekey, {"load_report": load_report.to_dict(),
+                                           "train": enc_report.cache_path,
+                                           "val": val_report.cache_path if val_report else None})
+        _show(train_ds, enc_report, val_report, args, template, tokenizer)
+        data_report = {**enc_report.to_dict(), "rows": load_report.rows,
+                       "skipped_rows": dict(load_report.skipped)}
+        if args.packing:
+            from swiftlite.data.packing import PackedDataset
+            train_ds = PackedDataset(train_ds, enc_report.lengths, args.max_length)
+            info(train_ds.describe())
+            data_report["packing"] = train_ds.stats
 
     # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
     # renders prompts exactly as trained, with or without swiftlite.
@@ -223,8 +267,7 @@ def _run(args: SftArguments) -> SftResult:
                 "hardware": hw.device, "model_type": "chat" if model_info.is_chat else "base",
                 "command": os.environ.get("SWIFTLITE_COMMAND") or " ".join(
                     redact_argv(sys.argv)),
-                "dataset_report": {**enc_report.to_dict(), "rows": load_report.rows,
-                                   "skipped_rows": dict(load_report.skipped)}}
+                "dataset_report": data_report}
     if is_main_process():
         with open(os.path.join(run_dir, "args.json"), "w") as f:
             json.dump(redact(resolved), f, indent=2, ensure_ascii=False, default=str)
@@ -238,6 +281,9 @@ def _run(args: SftArguments) -> SftResult:
     with oom_guard(args, hw):  # an OOM is answered with the next step of the tuning ladder
         result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     metrics = dict(result.metrics)
+    if args.streaming:
+        info(f"stream: {stream_report.summary()}")
+        metrics["dataset_stream"] = stream_report.to_dict()
     if val_ds is not None:
         metrics.update(trainer.evaluate())
     last = last_checkpoint(run_dir)

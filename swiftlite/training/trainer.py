@@ -12,10 +12,14 @@ from swiftlite.training.callbacks import CheckpointArgs, JsonlLogger, NonFiniteL
 
 _USER_TB_DIR = os.environ.get("TENSORBOARD_LOGGING_DIR")  # a user's own choice wins
 
-def collator(tokenizer, padding_free: bool):
+def collator(tokenizer, padding_free: bool, packed: bool = False):
     """Padding-free: a batch is one row of concatenated samples whose position_ids restart at 0
     for each sample; transformers then keeps attention inside each sample (SDPA or flash).
-    Otherwise: right-padded to the longest sample, labels padded with -100."""
+    Packed rows (data.packing) are concatenated the same way. Otherwise: right-padded to the
+    longest sample, labels padded with -100."""
+    if packed:
+        from swiftlite.data.packing import collate
+        return collate
     if padding_free:
         from transformers import DataCollatorWithFlattening
         return DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
@@ -99,13 +103,21 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         raise UsageError(f"transformers rejects these training arguments: {e}") from None
     _check_optimizer(ta, model)
     trainer_cls = trainer_class(args.chunked_loss)
-    trainer = trainer_cls(model=model, args=ta, train_dataset=train_ds.remove_columns(["length"]),
-                          eval_dataset=val_ds.remove_columns(["length"]) if has_eval else None,
-                          data_collator=collator(tokenizer, args.padding_free),
+    from swiftlite.data.packing import PackedDataset
+    trainer = trainer_cls(model=model, args=ta, train_dataset=_without_length(train_ds),
+                          eval_dataset=_without_length(val_ds) if has_eval else None,
+                          data_collator=collator(tokenizer, args.padding_free,
+                                                 isinstance(train_ds, PackedDataset)),
                           processing_class=tokenizer,
                           callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
                                      NonFiniteLossGuard(), CheckpointArgs(run_dir)])
     return trainer
+
+
+def _without_length(ds):
+    """The dataset without the encoded "length" column (a stream or packed rows have none)."""
+    return ds.remove_columns(["length"]) if "length" in (getattr(
+        ds, "column_names", None) or []) else ds
 
 
 # SftArguments fields that TrainingArguments has too but that are not passed as they are:
