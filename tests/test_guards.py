@@ -147,3 +147,39 @@ def test_diverging_loss_stops_the_run(tmp_path):
     rows = [json.loads(line) for line in open(run_dir / "logging.jsonl")]
     assert [r["step"] for r in rows] == [1, 2]  # stopped at step 2 of 4
     assert math.isfinite(rows[0]["loss"]) and math.isnan(rows[1]["loss"])
+
+
+def _guard_log(hw, fp16: bool, loss, grad_norm):
+    from types import SimpleNamespace
+
+    from swiftlite.training.callbacks import NonFiniteLossGuard
+    guard = NonFiniteLossGuard(hw)
+    guard.on_log(SimpleNamespace(fp16=fp16), SimpleNamespace(global_step=3), None,
+                 logs={"loss": loss, "grad_norm": grad_norm})
+    return guard
+
+
+def test_an_fp16_overflow_step_is_counted_not_stopped(capsys):
+    """Under fp16 the loss scaler skips a step whose gradients overflow (grad_norm inf, loss
+    finite) and lowers its scale: a healthy run, counted and reported at the end."""
+    from types import SimpleNamespace
+    t4 = Hardware("cuda", "Tesla T4", (7, 5))
+    guard = _guard_log(t4, True, 2.5, math.inf)
+    assert guard.skipped == 1
+    guard.on_train_end(SimpleNamespace(fp16=True), None, None)
+    assert "the loss scaler skipped 1 logged step(s)" in capsys.readouterr().err
+    from swiftlite.errors import RunError
+    with pytest.raises(RunError, match="gradient norm became inf"):  # not fp16: stops
+        _guard_log(t4, False, 2.5, math.inf)
+
+
+@pytest.mark.parametrize("gpu, advice, not_advised", [
+    (("Tesla T4", (7, 5)), "--torch_dtype float32 (this device has no bf16)", "bfloat16"),
+    (("NVIDIA A10", (8, 6)), "--torch_dtype bfloat16", "float32"),
+])
+def test_fp16_nan_advice_is_possible_on_the_hardware(gpu, advice, not_advised):
+    from swiftlite.errors import RunError
+    with pytest.raises(RunError) as e:
+        _guard_log(Hardware("cuda", *gpu), True, math.nan, math.nan)
+    assert "loss became nan at step 3" in str(e.value) and advice in str(e.value)
+    assert not_advised not in str(e.value)

@@ -46,7 +46,6 @@ def test_cuda_dtype_follows_compute_capability(fake_cuda, name, capability, expe
     assert hw.memory_bytes == 24 * 2**30
     assert hardware.default_dtype(hw) == hardware.resolve_dtype("auto", hw) == expected
     assert hardware.backend(hw) == "nccl"
-    assert hardware.visible_devices_env(hw) == "CUDA_VISIBLE_DEVICES"
     # fp16 turns on the Trainer's loss scaling; bf16 needs none.
     flags = hardware.amp_flags(expected, hw)
     assert flags == {"bf16": expected == "bfloat16", "fp16": expected == "float16"}
@@ -90,7 +89,6 @@ def test_ascend_npu(monkeypatch):
     assert hardware.default_dtype(hw) == "bfloat16"
     assert hardware.backend(hw) == "hccl"
     assert hardware.attn_implementation(hw, "bfloat16") == "sdpa"
-    assert hardware.visible_devices_env(hw) == "ASCEND_RT_VISIBLE_DEVICES"
 
 
 def test_this_cpu_is_detected_for_real():
@@ -101,7 +99,7 @@ def test_this_cpu_is_detected_for_real():
     assert hardware.backend(hw) == "gloo"
     assert hardware.attn_implementation(hw, hardware.default_dtype(hw)) == "sdpa"
     assert hardware.amp_flags("float32", hw) == {"bf16": False, "fp16": False}
-    assert hardware.visible_devices_env(hw) is None
+    assert hardware.accelerator() is None
     assert "gloo" in hardware.describe(hw)
 
 
@@ -147,3 +145,81 @@ def test_sft_uses_the_hardware_attention_choice(monkeypatch, tmp_path):
     sft_module.sft(model="tiny-qwen2", dataset=["self-cognition#4"], max_steps=1,
                    output_dir=str(tmp_path), report_to="none", save_steps=100)
     assert loaded == ["eager"]
+
+
+def test_ascend_910a_has_no_bf16_and_gets_fp16(monkeypatch):
+    """MOCKED NPU: torch_npu reports no bf16 (the 910A); training takes fp16 with loss
+    scaling, and bf16 asked for is refused with what to use."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    fake_npu = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 8,
+                                     get_device_name=lambda i=0: "Ascend910A",
+                                     is_bf16_supported=lambda: False,
+                                     max_memory_allocated=lambda: 3 * 2**30)
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setattr(torch, "npu", fake_npu, raising=False)
+    hw = hardware.detect()
+    assert not hw.npu_bf16
+    assert hardware.training_dtype("auto", hw) == "float16"
+    with pytest.raises(UsageError, match="Ascend910A has no bfloat16 units; use --torch_dtype float16"):
+        hardware.resolve_dtype("bfloat16", hw)
+    # memory figures come from the NPU as they would from a GPU
+    assert hardware.accelerator() is fake_npu
+    from swiftlite.training.callbacks import peak_memory_mb
+    assert peak_memory_mb()["peak_gpu_mb"] == 3072
+
+
+def test_a_flash_attn_that_does_not_import_falls_back_to_sdpa(tmp_path, monkeypatch, capsys):
+    """A flash_attn package built for another torch is found but fails to import (here a
+    package whose import raises as a mismatched wheel does); the choice is SDPA, said once."""
+    pkg = tmp_path / "flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('flash_attn_2_cuda.so: undefined "
+                                     "symbol: _ZN3c104cuda9SetDeviceEi')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    a100 = Hardware("cuda", "NVIDIA A100-SXM4-80GB", (8, 0))
+    assert hardware.attn_implementation(a100, "bfloat16") == "sdpa"
+    err = capsys.readouterr().err
+    assert "flash-attn is installed but does not import (ImportError" in err
+    assert "undefined symbol" in err and "using PyTorch SDPA" in err
+
+
+def test_one_process_seeing_two_gpus_never_uses_data_parallel(tmp_path, capsys):
+    """MOCKED: transformers sets n_gpu = torch.cuda.device_count() in a process that is not
+    distributed; on 2 visible GPUs the Trainer would wrap the model in nn.DataParallel."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from swiftlite.training.trainer import one_device
+    ta = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    object.__setattr__(ta, "_n_gpu", 2)  # what a host with 2 visible GPUs gives
+    model = torch.nn.Linear(2, 2)
+    wrapped = Trainer(model=model, args=ta)._wrap_model(model, training=True)
+    assert isinstance(wrapped, torch.nn.DataParallel)  # why one_device exists
+    one_device(ta, world=1)
+    assert ta.n_gpu == 1
+    assert not isinstance(Trainer(model=model, args=ta)._wrap_model(model, training=True),
+                          torch.nn.DataParallel)
+    err = capsys.readouterr().err
+    assert "2 GPUs are visible to one process: training on one" in err
+    assert "Set NPROC_PER_NODE=2 to train on all of them" in err
+
+
+@pytest.mark.parametrize("hw, requested, trained, expected", [
+    (Hardware("cuda", "Tesla T4", (7, 5)), None, "bfloat16", "float16"),  # no bf16 units
+    (Hardware("cuda", "NVIDIA A100", (8, 0)), None, "float32", "bfloat16"),  # a CPU-trained one
+    (Hardware("cuda", "NVIDIA A100", (8, 0)), "float32", "bfloat16", "float32"),  # asked for
+    (Hardware("npu", "Ascend910A", npu_bf16=False), "auto", "bfloat16", "float16"),
+    (Hardware("cpu", "cpu"), None, "float16", "float32"),  # trained on a T4
+    (Hardware("cpu", "cpu"), None, "bfloat16", "float32"),  # no bf16 units
+    (Hardware("cpu", "cpu", cpu_bf16=True), None, "bfloat16", "bfloat16"),
+    (Hardware("cpu", "cpu"), "float16", "float32", "float16"),
+])
+def test_inference_runs_in_the_devices_dtype(hw, requested, trained, expected):
+    assert hardware.inference_dtype(requested, trained, hw) == expected
+
+
+def test_inference_refuses_bf16_on_a_t4():
+    with pytest.raises(UsageError, match="Tesla T4 .*has no bfloat16 units"):
+        hardware.inference_dtype("bfloat16", None, Hardware("cuda", "Tesla T4", (7, 5)))

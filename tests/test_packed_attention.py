@@ -44,3 +44,32 @@ def test_sft_trains_with_packed_attention_unless_told(tiny_qwen2):
     assert _lora_model(tiny_qwen2, attn_impl="sdpa").config._attn_implementation == "sdpa"
 
 
+
+
+def test_sample_boundaries_are_read_once_per_forward(tiny_qwen2, monkeypatch):
+    """Every layer, and its recompute under checkpointing, gets the same position_ids: the
+    boundaries (a host sync on a GPU) are read once per forward and backward, not per layer."""
+    from swiftlite.training.speedups import packed_attention as pa
+    from swiftlite.training.trainer import collator
+    real, calls = pa._segments, []
+    monkeypatch.setattr(pa, "_segments", lambda pos: calls.append(1) or real(pos))
+    tok, samples = _samples(tiny_qwen2)
+    model = _lora_model(tiny_qwen2, gradient_checkpointing=True)
+    assert model.config._attn_implementation == pa.NAME
+    assert model.config.num_hidden_layers > 1
+    model(**collator(tok, True)([dict(s) for s in samples])).loss.backward()
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("device, dtype, capability, expected", [
+    ("cpu", "float32", None, True), ("cpu", "bfloat16", None, True),
+    ("cuda", "bfloat16", (8, 0), True), ("cuda", "float16", (9, 0), True),
+    ("cuda", "float16", (7, 5), False),  # T4: no flash kernel; math kernel if asked for GQA
+    ("cuda", "float32", (8, 6), False),  # no fp32 flash kernel
+    ("npu", "bfloat16", None, False),
+])
+def test_gqa_is_left_to_sdpa_only_where_its_kernel_takes_it(device, dtype, capability,
+                                                           expected):
+    import torch
+    from swiftlite.training.speedups.packed_attention import gqa_in_kernel
+    assert gqa_in_kernel(device, getattr(torch, dtype), capability) == expected

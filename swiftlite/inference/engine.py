@@ -54,7 +54,7 @@ class InferEngine:
         quantized (a QLoRA adapter then answers exactly as on its training base).
         """
         from swiftlite.inference.checkpoints import _UNSET, describe
-        from swiftlite.runtime.hardware import detect, resolve_dtype
+        from swiftlite.runtime.hardware import Hardware, cpu_has_bf16, detect, inference_dtype
         from swiftlite.models.loader import load_model, load_tokenizer
         from swiftlite.data.template import get_template
         unknown = set(overrides) - {"template", "system", "torch_dtype", "trust_remote_code",
@@ -67,9 +67,9 @@ class InferEngine:
                         torch_dtype=overrides.get("torch_dtype"))
         hw = detect()
         device = overrides.get("device") or hw.device
-        dtype = ckpt.torch_dtype or resolve_dtype("auto", hw)
-        if device == "cpu" and dtype == "float16" and overrides.get("torch_dtype") != "float16":
-            dtype = "float32"  # trained on a T4-class GPU; fp16 matmuls are slow on CPUs
+        if device == "cpu" and hw.device != "cpu":  # --device cpu on a GPU host
+            hw = Hardware("cpu", "cpu", cpu_bf16=cpu_has_bf16())
+        dtype = inference_dtype(overrides.get("torch_dtype"), ckpt.torch_dtype, hw)
         tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust)
         template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
         what = f"{ckpt.base_dir} + adapter {ckpt.path}" if ckpt.kind == "adapter" else ckpt.path
@@ -95,9 +95,9 @@ class InferEngine:
         self.model = None
         gc.collect()
         try:
-            import torch
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            from swiftlite.runtime.hardware import accelerator
+            if (device := accelerator()) is not None:
+                device.empty_cache()
         except Exception:
             pass
 

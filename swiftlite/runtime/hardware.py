@@ -29,6 +29,7 @@ class Hardware:
     cpu_bf16: bool = False  # CPU has AMX-BF16 or AVX-512-BF16
     count: int = 1  # visible devices of this kind
     memory_bytes: int | None = None  # memory of one device (None on CPU)
+    npu_bf16: bool = True  # an NPU with bf16 units (Ascend 910B and later; not the 910A)
 
 
 def detect() -> Hardware:
@@ -41,10 +42,23 @@ def detect() -> Hardware:
     try:
         import torch_npu  # noqa: F401  (Ascend; registers torch.npu)
         if torch.npu.is_available():
-            return Hardware("npu", torch.npu.get_device_name(0), count=torch.npu.device_count())
+            bf16 = getattr(torch.npu, "is_bf16_supported", lambda: True)()
+            return Hardware("npu", torch.npu.get_device_name(0), count=torch.npu.device_count(),
+                            npu_bf16=bool(bf16))
     except ImportError:
         pass
     return Hardware("cpu", "cpu", cpu_bf16=cpu_has_bf16())
+
+
+def accelerator():
+    """torch.cuda or torch.npu, whichever has a device here; None on a CPU. The memory calls
+    (max_memory_allocated, empty_cache, ...) have the same names in both."""
+    import torch
+    for name in ("cuda", "npu"):
+        mod = getattr(torch, name, None)
+        if mod is not None and mod.is_available():
+            return mod
+    return None
 
 
 def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
@@ -60,16 +74,15 @@ def has_bf16(hw: Hardware) -> bool:
     """Native bf16 arithmetic (pre-Ampere GPUs only emulate it, slowly)."""
     if hw.device == "cuda":
         return bool(hw.capability) and hw.capability >= AMPERE
-    return hw.device == "npu" or hw.cpu_bf16
+    return hw.npu_bf16 if hw.device == "npu" else hw.cpu_bf16
 
 
 def default_dtype(hw: Hardware) -> str:
-    """bf16 on Ampere+ CUDA and on Ascend; fp16 (with loss scaling) on pre-Ampere CUDA such as
-    T4 and V100; fp32 on a CPU (see training_dtype for LoRA training there)."""
-    if hw.device == "cuda":
+    """bf16 on Ampere+ CUDA and on Ascend 910B+; fp16 (with loss scaling) on pre-Ampere CUDA
+    such as T4 and V100 and on NPUs without bf16 (910A); fp32 on a CPU (see training_dtype
+    for LoRA training there)."""
+    if hw.device in ("cuda", "npu"):
         return "bfloat16" if has_bf16(hw) else "float16"
-    if hw.device == "npu":
-        return "bfloat16"
     return CPU_DTYPE
 
 
@@ -79,10 +92,11 @@ def resolve_dtype(requested: str | None, hw: Hardware) -> str:
         return default_dtype(hw)
     if requested not in DTYPES:
         raise UsageError(f"--torch_dtype {requested}: choose one of {', '.join(DTYPES)}.")
-    if requested == "bfloat16" and hw.device == "cuda" and not has_bf16(hw):
-        cap = ".".join(map(str, hw.capability or ()))
-        raise UsageError(f"--torch_dtype bfloat16: {hw.name} (compute capability {cap}) has no "
-                         "bfloat16 units; use --torch_dtype float16 (loss-scaled) or float32.")
+    if requested == "bfloat16" and hw.device in ("cuda", "npu") and not has_bf16(hw):
+        cap = f" (compute capability {'.'.join(map(str, hw.capability))})" \
+            if hw.capability else ""
+        raise UsageError(f"--torch_dtype bfloat16: {hw.name}{cap} has no bfloat16 units; use "
+                         "--torch_dtype float16 (loss-scaled) or float32.")
     if requested == "float16" and hw.device == "cpu":
         raise UsageError("--torch_dtype float16: mixed-precision fp16 training needs a GPU or "
                          "NPU; on a CPU use float32 or bfloat16.")
@@ -104,6 +118,20 @@ def training_dtype(requested: str | None, hw: Hardware, train_type: str = "lora"
     return dtype
 
 
+def inference_dtype(requested: str | None, trained: str | None, hw: Hardware) -> str:
+    """infer/deploy's dtype: --torch_dtype when given; else the device's own. A GPU or NPU runs
+    its 16-bit dtype whatever the training dtype was (a bf16 checkpoint on a T4 in fp16, an
+    fp32 one on an A100 in bf16: half the memory, the fast kernels). A CPU keeps the training
+    dtype where it runs it well: bf16 only with bf16 units, never fp16 (slow matmuls)."""
+    if requested == "float16" and hw.device == "cpu":
+        return requested  # asked for: slow, but no loss scaling is needed to run it
+    if requested not in (None, "auto"):
+        return resolve_dtype(requested, hw)
+    if hw.device in ("cuda", "npu"):
+        return default_dtype(hw)
+    return "bfloat16" if trained == "bfloat16" and hw.cpu_bf16 else CPU_DTYPE
+
+
 def weights_dtype(dtype: str, train_type: str) -> str:
     """The dtype to load weights in for compute dtype `dtype`.
 
@@ -121,7 +149,20 @@ def amp_flags(dtype: str, hw: Hardware) -> dict:
 
 
 def flash_attn_installed() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+    """flash_attn is installed and imports. A wheel built for another torch or CUDA is found
+    but fails to import (an undefined symbol): that falls back to SDPA, saying so, rather
+    than crashing at model load."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False
+    try:
+        import flash_attn  # noqa: F401
+    except Exception as e:  # ImportError, OSError from its .so, RuntimeError from its checks
+        from swiftlite.log import warn
+        warn(f"flash-attn is installed but does not import ({type(e).__name__}: "
+             f"{str(e)[:200]}); using PyTorch SDPA. Reinstall it for this torch "
+             "(pip install flash-attn --no-build-isolation) to use it.")
+        return False
+    return True
 
 
 def attn_implementation(hw: Hardware, dtype: str | None = None) -> str:
@@ -138,11 +179,6 @@ def attn_implementation(hw: Hardware, dtype: str | None = None) -> str:
 def backend(hw: Hardware) -> str:
     """torch.distributed backend: NCCL on CUDA, HCCL on Ascend, gloo on CPU."""
     return {"cuda": "nccl", "npu": "hccl"}.get(hw.device, "gloo")
-
-
-def visible_devices_env(hw: Hardware) -> str | None:
-    """The environment variable that chooses devices (None on a CPU)."""
-    return {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}.get(hw.device)
 
 
 def describe(hw: Hardware) -> str:

@@ -16,12 +16,12 @@ from swiftlite.log import is_main_process
 
 
 def peak_memory_mb() -> dict:
-    import torch
-
     from swiftlite.runtime.allocator import peak_rss_bytes
+    from swiftlite.runtime.hardware import accelerator
     out = {"peak_rss_mb": round(peak_rss_bytes() / 2**20)}
-    if torch.cuda.is_available():
-        out["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
+    device = accelerator()  # "gpu" for CUDA and NPU alike: one column for plots and readers
+    if device is not None:
+        out["peak_gpu_mb"] = round(device.max_memory_allocated() / 2**20)
     return out
 
 
@@ -49,22 +49,44 @@ class JsonlLogger(TrainerCallback):
 
 
 class NonFiniteLossGuard(TrainerCallback):
-    """Stops on NaN/inf loss or gradient norm instead of training on garbage. build_trainer
+    """Stops on a NaN/inf loss, or gradient norm, instead of training on garbage. build_trainer
     turns off the Trainer's logging_nan_inf_filter, which would otherwise log a NaN loss as
     the mean of earlier ones (0.0 at first); the gradient norm is checked as well because it
-    turns NaN at the same step."""
+    turns NaN at the same step. Under fp16 an inf gradient norm with a finite loss is the loss
+    scaler at work (it skips that step and lowers the scale): counted and reported at the
+    end, not stopped. The advice fits the hardware (bf16 only where it has bf16 units)."""
+
+    def __init__(self, hw=None):
+        self.hw, self.skipped = hw, 0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        for key in ("loss", "grad_norm"):
-            value = (logs or {}).get(key)
+        logs = logs or {}
+        loss, norm = logs.get("loss"), logs.get("grad_norm")
+        if args.fp16 and norm is not None and not math.isfinite(norm) and (
+                loss is None or math.isfinite(loss)):
+            self.skipped += 1  # GradScaler: overflow, step skipped, scale halved
+            return
+        for key, value in (("loss", loss), ("grad_norm", norm)):
             if value is not None and not math.isfinite(value):
-                hint = ("fp16 overflows easily: use --torch_dtype bfloat16 (Ampere+ GPU) or "
-                        "float32, or lower --learning_rate" if args.fp16 else
-                        "lower --learning_rate (e.g. by 10x), keep --max_grad_norm on, or check "
-                        "the data")
                 what = "loss" if key == "loss" else "gradient norm"
                 raise RunError(f"the {what} became {value} at step {state.global_step}; "
-                               f"stopped instead of training on garbage. Try: {hint}.")
+                               f"stopped instead of training on garbage. Try: "
+                               f"{self._hint(args)}.")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.skipped:
+            from swiftlite.log import info
+            info(f"fp16: the loss scaler skipped {self.skipped} logged step(s) whose gradients "
+                 "overflowed (normal in the first steps while it finds its scale)")
+
+    def _hint(self, args) -> str:
+        if not args.fp16:
+            return ("lower --learning_rate (e.g. by 10x), keep --max_grad_norm on, or check "
+                    "the data")
+        from swiftlite.runtime.hardware import has_bf16
+        wider = ("--torch_dtype bfloat16 (same speed, no overflow)" if self.hw is not None
+                 and has_bf16(self.hw) else "--torch_dtype float32 (this device has no bf16)")
+        return f"fp16 overflows easily: use {wider}, or lower --learning_rate"
 
 
 class CheckpointArgs(TrainerCallback):

@@ -153,9 +153,9 @@ def free_memory() -> None:
     import gc
     gc.collect()
     try:
-        import torch
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        from swiftlite.runtime.hardware import accelerator
+        if (device := accelerator()) is not None:
+            device.empty_cache()
     except Exception:  # noqa: BLE001 - best effort only
         pass
 

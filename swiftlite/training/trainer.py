@@ -102,6 +102,7 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
     except ValueError as e:  # transformers' own consistency checks: a usage error, not a bug
         raise UsageError(f"transformers rejects these training arguments: {e}") from None
     _check_optimizer(ta, model)
+    one_device(ta, world)
     trainer_cls = trainer_class(args.chunked_loss)
     from swiftlite.data.packing import PackedDataset
     trainer = trainer_cls(model=model, args=ta, train_dataset=_without_length(train_ds),
@@ -110,7 +111,7 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
                                                  isinstance(train_ds, PackedDataset)),
                           processing_class=tokenizer,
                           callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
-                                     NonFiniteLossGuard(), CheckpointArgs(run_dir)])
+                                     NonFiniteLossGuard(hw), CheckpointArgs(run_dir)])
     return trainer
 
 
@@ -153,6 +154,18 @@ def _training_arguments(args, run_dir: str, accum: int, dtype: str, hw, extra: d
         eval_steps=args.eval_steps or args.save_steps,
         gradient_checkpointing=False, remove_unused_columns=False,
         use_cpu=hw.device == "cpu", **amp_flags(dtype, hw), **extra)
+
+
+def one_device(ta, world: int) -> None:
+    """One process that sees several GPUs trains on one of them. The Trainer would wrap the
+    model in nn.DataParallel, which splits each batch along its first dimension: a
+    padding-free batch is one row, so GPU 0 would get every token, and the chunked loss's
+    head hook does not survive the replicas. Several GPUs are used by several processes."""
+    if world == 1 and ta.n_gpu > 1:
+        from swiftlite.log import warn
+        warn(f"{ta.n_gpu} GPUs are visible to one process: training on one. Set "
+             f"NPROC_PER_NODE={ta.n_gpu} to train on all of them (DDP, or --deepspeed).")
+        object.__setattr__(ta, "_n_gpu", 1)
 
 
 def _check_optimizer(ta, model) -> None:

@@ -21,12 +21,37 @@ NAME = "sdpa_packed"
 _HAS_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa
 
 
+_LAST: list = [None, None]  # (position_ids tensor, its rows' segments): the batch in flight
+
+
 def _segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
     """(start, end) of each packed sample in one row: a sample starts where the position
     does not continue the previous one."""
     starts = torch.nonzero(position_ids[1:] != position_ids[:-1] + 1).flatten() + 1
-    bounds = [0, *starts.tolist(), position_ids.shape[0]]
+    bounds = [0, *starts.tolist(), position_ids.shape[0]]  # .tolist(): a host sync on a GPU
     return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _row_segments(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """_segments of each row, computed once per batch: every layer (and its recompute under
+    gradient checkpointing) is given the same position_ids tensor, so the host sync of
+    reading the boundaries happens once per forward, not once per layer."""
+    if _LAST[0] is not position_ids:
+        _LAST[:] = position_ids, [_segments(row) for row in position_ids]
+    return _LAST[1]
+
+
+def gqa_in_kernel(device_type: str, dtype: torch.dtype, capability=None) -> bool:
+    """Whether SDPA's kernel for these inputs reads shared K/V heads itself (enable_gqa).
+    CPU: its flash kernel does. CUDA: only the flash kernel (Ampere+, 16-bit); on a T4/V100
+    or in fp32 the memory-efficient kernel would refuse it and SDPA would fall to the math
+    kernel (length x length memory), so the K/V heads are repeated instead, as on NPUs."""
+    if not _HAS_GQA:
+        return False
+    if device_type == "cpu":
+        return True
+    return (device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+            and capability is not None and tuple(capability) >= (8, 0))
 
 
 def packed_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -41,19 +66,23 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
                                       scaling=scaling, is_causal=is_causal, **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
     gqa = {}
-    if groups > 1 and _HAS_GQA:  # SDPA reads the shared K/V heads itself: no repeated copies
-        gqa = {"enable_gqa": True}
+    if groups > 1 and gqa_in_kernel(query.device.type, query.dtype, _capability(query)):
+        gqa = {"enable_gqa": True}  # SDPA reads the shared K/V heads itself: no copies
     elif groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    rows = []
+    rows, segments = [], _row_segments(position_ids)
     for b in range(query.shape[0]):
-        pos = position_ids[b if position_ids.shape[0] > 1 else 0]
         parts = [F.scaled_dot_product_attention(
             query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
-            dropout_p=dropout, scale=scaling, is_causal=True, **gqa) for s, e in _segments(pos)]
+            dropout_p=dropout, scale=scaling, is_causal=True, **gqa)
+            for s, e in segments[b if len(segments) > 1 else 0]]
         rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
     out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _capability(t: torch.Tensor):
+    return torch.cuda.get_device_capability(t.device) if t.device.type == "cuda" else None
 
 
 def register() -> str:
