@@ -65,9 +65,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", default="gpu_smoke.json")
     a = ap.parse_args()
-    import torch
-
-    import swiftlite
     from swiftlite.runtime import hardware
     hw = hardware.detect()
     results = {"versions": _versions(), "hardware": hardware.describe(hw)}
@@ -105,7 +102,6 @@ def main() -> None:
                                       "Who are you?", "--torch_dtype", dtype,
                                       "--max_new_tokens", 32)
             results[f"infer_{dtype}"] = {"rc": rc, "wall_s": wall, "answer": log[-400:]}
-    del torch, swiftlite
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     print(json.dumps({k: (v.get("rc") if isinstance(v, dict) and "rc" in v else v)
