@@ -2,7 +2,7 @@
 """Data at scale, side by side: launch -> first step and peak memory while preparing data.
 
   python scripts/bench_data.py --rows 200000 [--rows 1000000] [--tools swiftlite,llamafactory,msswift]
-                               [--bench ../shared/bench] [--out bench_data.jsonl]
+                               [--cases NAME,...] [--bench ../shared/bench] [--out bench_data.jsonl]
 
 For each row count: N seeded chat rows from the harness's make_data.py (seed 5), then 2
 training steps of each case through the side-by-side harness in ../shared/bench (its
@@ -90,6 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, action="append", help="row counts (default 200000)")
     ap.add_argument("--tools", default="swiftlite,llamafactory,msswift")
+    ap.add_argument("--cases", help="only these case names, comma-separated (e.g. workers_unset)")
     ap.add_argument("--bench", default=os.path.join(REPO, "..", "shared", "bench"))
     ap.add_argument("--model", default="/tmp/bench_models/smol135m")
     ap.add_argument("--out", default="bench_data.jsonl")
@@ -104,6 +105,8 @@ def main() -> None:
     for rows in a.rows or [200000]:
         data = data_dir(harness, rows, a.model)
         for tool, name, extra, env in cases(tools, scratch, rows):
+            if a.cases and name not in a.cases.split(","):
+                continue
             if env.pop("_fresh", False):
                 shutil.rmtree(env["SWIFTLITE_CACHE"], ignore_errors=True)
             run_env = {**os.environ, **env, "DATA": data, "STEPS": "2", "MODEL": a.model,
