@@ -50,6 +50,12 @@ class EncodeReport:
                 "cache_path": self.cache_path, "from_cache": self.from_cache}
 
 
+def check_truncation_strategy(strategy: str) -> None:
+    if strategy not in TRUNCATION_STRATEGIES:
+        raise UsageError(f"--truncation_strategy {strategy}: use one of "
+                         f"{', '.join(TRUNCATION_STRATEGIES)}.")
+
+
 def _truncate(sample: dict, max_length: int, strategy: str) -> dict | None:
     ids, labels = sample["input_ids"], sample["labels"]
     if strategy == "delete":
@@ -93,9 +99,7 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
     wait for it (a lock per cache entry): the ranks of a run on one node, or two runs on the
     same data, never encode the same rows twice nor race to write the same folder; they all
     memory-map the one result."""
-    if truncation_strategy not in TRUNCATION_STRATEGIES:
-        raise UsageError(f"--truncation_strategy {truncation_strategy}: use one of "
-                         f"{', '.join(TRUNCATION_STRATEGIES)}.")
+    check_truncation_strategy(truncation_strategy)
     job = (conversations, template, max_length, truncation_strategy, name)
     if not use_cache:
         tmp = os.path.join(cache_dir("datasets"), f".{name}-uncached.tmp-{os.getpid()}")

@@ -62,9 +62,7 @@ class PackedDataset:
         part = self.encoded[self.groups[i]]
         ids, labels, positions = [], [], []
         for sample_ids, sample_labels in zip(part["input_ids"], part["labels"]):
-            ids += sample_ids
-            labels += [IGNORE_INDEX] + list(sample_labels[1:])
-            positions += range(len(sample_ids))
+            _append(ids, labels, positions, sample_ids, sample_labels)
         return {"input_ids": ids, "labels": labels, "position_ids": positions}
 
     def describe(self) -> str:
@@ -81,12 +79,18 @@ def collate(features: list[dict]) -> dict:
     import torch
     ids, labels, positions = [], [], []
     for f in features:
-        ids += f["input_ids"]
         if "position_ids" in f:
+            ids += f["input_ids"]
             labels += f["labels"]
             positions += f["position_ids"]
         else:
-            labels += [IGNORE_INDEX] + list(f["labels"][1:])
-            positions += range(len(f["input_ids"]))
+            _append(ids, labels, positions, f["input_ids"], f["labels"])
     return {"input_ids": torch.tensor([ids]), "labels": torch.tensor([labels]),
             "position_ids": torch.tensor([positions])}
+
+
+def _append(ids: list, labels: list, positions: list, sample_ids, sample_labels) -> None:
+    """One sample onto a packed row: its positions restart at 0, its first label is ignored."""
+    ids += sample_ids
+    labels += [IGNORE_INDEX] + list(sample_labels[1:])
+    positions += range(len(sample_ids))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from swiftlite.data.encode import TRUNCATION_STRATEGIES, Counts, fit
+from swiftlite.data.encode import Counts, check_truncation_strategy, fit
 from swiftlite.data.formats import BadRow
 from swiftlite.data.loader import check_row, file_format, open_rows, parse_spec
 from swiftlite.data.template_base import ChatTemplate
@@ -59,9 +59,7 @@ def samples(specs: list[str], template: ChatTemplate, report: StreamReport, *,
             max_length: int, truncation_strategy: str, skip_bad_rows: bool,
             model_name=None, model_author=None):
     """{'input_ids', 'labels'} of each usable row of the specs, in file order."""
-    if truncation_strategy not in TRUNCATION_STRATEGIES:
-        raise UsageError(f"--truncation_strategy {truncation_strategy}: use one of "
-                         f"{', '.join(TRUNCATION_STRATEGIES)}.")
+    check_truncation_strategy(truncation_strategy)
     for spec in specs:
         path, _ = parse_spec(spec)
         raw_rows, _ = open_rows(path, model_name, model_author)

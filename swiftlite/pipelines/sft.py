@@ -93,12 +93,17 @@ def _read_data(args: SftArguments):
         split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio)
     train_convs, val_convs, load_report = loaded.train, loaded.val or None, loaded.report
     if args.val_dataset:
-        val_convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
-                                          skip_bad_rows=args.skip_bad_rows,
-                                          model_name=args.model_name,
-                                          model_author=args.model_author)
+        val_convs = _read_val(args)
     info(f"dataset: {load_report.summary()}")
     return train_convs, val_convs, load_report
+
+
+def _read_val(args: SftArguments) -> list:
+    """The --val_dataset conversations, every row checked."""
+    convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
+                                  skip_bad_rows=args.skip_bad_rows, model_name=args.model_name,
+                                  model_author=args.model_author)
+    return convs
 
 
 def _encode(convs, name: str, args: SftArguments, template, num_proc: int):
@@ -138,11 +143,7 @@ def _stream(args: SftArguments, template, tokenizer, num_proc: int):
                                       buffer_size=args.shuffle_buffer_size, **options)
     val_ds = val_report = None
     if args.val_dataset:
-        val_convs, _ = load_conversations(args.val_dataset, seed=args.data_seed,
-                                          skip_bad_rows=args.skip_bad_rows,
-                                          model_name=args.model_name,
-                                          model_author=args.model_author)
-        val_ds, val_report = _encode(val_convs, "val", args, template, num_proc)
+        val_ds, val_report = _encode(_read_val(args), "val", args, template, num_proc)
         info(describe(val_report, "val", args.max_length))
     info(f"dataset: streaming {' '.join(args.dataset)} (nothing read upfront; shuffle buffer "
          f"{args.shuffle_buffer_size} samples)")
