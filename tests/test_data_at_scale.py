@@ -135,3 +135,35 @@ def test_packed_training_has_the_per_token_loss_of_unpacked_training(tmp_path, t
     assert a[1] != a[2]
     for step in (1, 2):
         assert b[step] == pytest.approx(a[step], rel=1e-5), (a, b)
+
+
+def test_a_large_jsonl_is_checked_in_parts_exactly_as_in_one_pass(tmp_path, monkeypatch):
+    """Checking a .jsonl in 3 processes, each reading its part of the file, finds the same
+    rows at the same places and names the same bad rows (file:line, in the file's order) as
+    one process: parts split at line beginnings, blank lines and bad rows on either side of
+    a cut."""
+    from swiftlite.data import loader
+    lines = []
+    for i in range(300):
+        lines.append(json.dumps({"messages": [{"role": "user", "content": f"q{i}" * (i % 7)},
+                                              {"role": "assistant", "content": f"a{i}"}]}))
+        if i % 41 == 0:
+            lines.append("")
+        if i % 53 == 5:
+            lines.append("{broken" if i % 2 else json.dumps({"messages": []}))
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    def load(num_proc: int):
+        loaded = loader.load_datasets([str(path)], skip_bad_rows=True, num_proc=num_proc)
+        with pytest.raises(UsageError) as e:
+            loader.load_datasets([str(path)], num_proc=num_proc)
+        return loaded, str(e.value)
+
+    monkeypatch.setattr(loader, "PARALLEL_CHECK_BYTES", 1)
+    assert len(loader._parts(str(path), 3)) == 3
+    (parallel, parallel_error), (one, one_error) = load(3), load(1)
+    assert parallel.train._items == one.train._items and len(one.train) == 300
+    assert parallel.report == one.report and sum(one.report.skipped.values()) == 6
+    assert parallel_error == one_error and f"{path}:8: invalid JSON" in one_error  # the first bad row
+    assert list(parallel.train)[123] == list(one.train)[123]

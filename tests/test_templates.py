@@ -99,3 +99,13 @@ def test_template_from_a_file_and_errors(tmp_path, tokenizers):
 
 def test_shipped_templates():
     assert {"qwen", "chatml", "smollm", "llama3", "default"} <= set(template_names())
+
+
+def test_labels_train_the_tokens_that_start_inside_a_trained_span_and_cover_a_character():
+    from swiftlite.config.constants import IGNORE_INDEX as X
+    from swiftlite.data.template_base import _labels
+    offsets = [(0, 2), (2, 2), (2, 5), (5, 6), (6, 9), (9, 9), (9, 12)]
+    ids = [10, 11, 12, 13, 14, 15, 16]
+    assert _labels(ids, offsets, [(1, 5), (9, 12)]) == [X, X, 12, X, X, X, 16]
+    assert _labels(ids, offsets, []) == [X] * 7
+    assert _labels(ids, offsets, [(0, 12)]) == [10, X, 12, 13, 14, X, 16]

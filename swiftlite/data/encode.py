@@ -283,7 +283,7 @@ def fit(sample: dict, max_length: int, strategy: str, counts: "Counts") -> dict 
             counts.dropped[f"longer than max_length {max_length}"] += 1
             return None
         counts.truncated += 1
-    trained = sum(1 for x in sample["labels"] if x != IGNORE_INDEX)
+    trained = len(sample["labels"]) - sample["labels"].count(IGNORE_INDEX)
     if trained == 0:
         counts.dropped["no trained tokens (reply cut off or empty)"] += 1
         return None

@@ -11,6 +11,7 @@ rows, so no validation row is a copy of a training row.
 """
 from __future__ import annotations
 
+from array import array
 import codecs
 import csv
 import io
@@ -121,18 +122,53 @@ def read_rows(path: str) -> list[tuple[str, object]]:
                      ".json, .csv or .parquet.")
 
 
-def jsonl_rows(path: str):
+def jsonl_rows(path: str, start: int = 0, end: int | None = None, line: int = 1):
     """(where, row or BadRow, byte offset of the line) for each non-blank line, one at a
-    time (a file of any size is never held in memory)."""
+    time (a file of any size is never held in memory). With start/end: the lines that begin
+    in [start, end), where start is the beginning of line number `line`."""
     with open(path, "rb") as f:
-        offset = 0
-        for i, raw in enumerate(f, 1):
-            start, offset = offset, offset + len(raw)
+        f.seek(start)
+        offset = start
+        for i, raw in enumerate(f, line):
+            if end is not None and offset >= end:
+                return
+            begin, offset = offset, offset + len(raw)
             if i == 1:
                 raw = raw.removeprefix(codecs.BOM_UTF8)  # written by some Windows editors
             if not raw.strip():
                 continue
-            yield f"{path}:{i}", _parse_line(raw), start
+            yield f"{path}:{i}", _parse_line(raw), begin
+
+
+def _parts(path: str, n: int) -> list[tuple[int, int, int]]:
+    """n parts of a file as (start, end, first line number), split at line beginnings."""
+    size = os.path.getsize(path)
+    if n == 1:
+        return [(0, size, 1)]
+    cuts, line = [], 1
+    with open(path, "rb") as f:
+        start = 0
+        for k in range(1, n + 1):
+            end = size
+            if k < n:
+                f.seek(max(start, size * k // n))
+                f.readline()  # to the beginning of the next line
+                end = min(f.tell(), size)
+            cuts.append((start, end, line))
+            f.seek(start)
+            line += _count_newlines(f, end - start)
+            start = end
+    return [c for c in cuts if c[1] > c[0]] or [(0, size, 1)]
+
+
+def _count_newlines(f, n: int) -> int:
+    count = 0
+    while n > 0:
+        block = f.read(min(n, 16 * 2 ** 20))
+        if not block:
+            break
+        count, n = count + block.count(b"\n"), n - len(block)
+    return count
 
 
 def _parse_line(raw: bytes):
@@ -179,15 +215,25 @@ class Rows(Sequence):
         return conv
 
     def digest(self, h) -> None:
-        """Feed every conversation's content to the hash h: a .jsonl row's line as it is on
-        disk (no parsing), others as JSON."""
+        """Feed the content of the conversations, in order, to the hash h: for .jsonl rows,
+        the bytes of each file they come from and their places in it (no parsing, and no
+        seeking back to each line), others as JSON."""
+        places = array("q")
+        for index in sorted({item[0] for item in self._items if not isinstance(item, dict)}):
+            path, fmt, _ = self._files[index]
+            h.update(f"{index}:{fmt}:".encode())
+            with open(path, "rb") as f:
+                while block := f.read(16 * 2 ** 20):
+                    h.update(block)
         for item in self._items:
             if isinstance(item, dict):
+                h.update(places.tobytes())
+                places = array("q")
                 h.update(json.dumps({"messages": item["messages"], "tools": item.get("tools")},
                                     ensure_ascii=False).encode())
-                continue
-            index, offset, _ = item
-            h.update(self._files[index][1].encode() + self._line(index, offset))
+            else:
+                places.extend(item[:2])
+        h.update(places.tobytes())
 
     def _line(self, index: int, offset: int) -> bytes:
         """The raw line at `offset` of file `index`."""
@@ -279,26 +325,25 @@ def load_conversations(specs: list[str], **kwargs) -> tuple[list[dict], LoadRepo
 
 def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = False,
                   model_name=None, model_author=None, require_reply: bool = True,
-                  split_ratio: float = 0.0) -> Loaded:
+                  split_ratio: float = 0.0, num_proc: int = 1) -> Loaded:
     """load_conversations, plus a validation split of split_ratio of each spec's distinct rows
-    (taken before #N sampling)."""
+    (taken before #N sampling). A large .jsonl file is checked by num_proc processes, each
+    reading its own part of the file."""
     report, convs, val, errors, files = LoadReport(), [], [], [], []
     for spec in specs:
         path, n = parse_spec(spec)
         raw_rows, lazy = open_rows(path, model_name, model_author)
         fmt = file_format(raw_rows, skip_bad_rows)
         files.append((path, fmt, require_reply))
-        good = []
-        for where, row, start in raw_rows():
-            report.rows += 1
-            try:
-                conv = check_row(row, where, fmt, require_reply)
-                good.append((len(files) - 1, start, int(where.rsplit(":", 1)[1])) if lazy
-                            else conv)
-            except BadRow as e:
-                report.skipped[e.kind] += 1
-                if len(errors) < MAX_ERRORS_SHOWN:  # the rest are counted, not kept
-                    errors.append(f"{where}: {e}")
+        if lazy:
+            good = _check_jsonl(path, fmt, require_reply, len(files) - 1, num_proc, report,
+                                errors)
+        else:
+            good = []
+            for where, row, _ in raw_rows():
+                conv = _checked(row, where, fmt, require_reply, report, errors)
+                if conv is not None:
+                    good.append(conv)
         if not good:
             continue
         if split_ratio > 0:
@@ -325,6 +370,53 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
     if not convs:
         raise UsageError(f"the dataset {' '.join(specs)} has no usable rows ({report.summary()}).")
     return Loaded(Rows(convs, files), Rows(val, files), report)
+
+
+PARALLEL_CHECK_BYTES = 32 * 2 ** 20  # smaller .jsonl files are checked in one process
+
+
+def _check_jsonl(path: str, fmt, require_reply: bool, index: int, num_proc: int,
+                 report: LoadReport, errors: list) -> list[tuple[int, int, int]]:
+    """The (file index, byte offset, line) of each good row of a .jsonl file, checked in
+    num_proc processes when the file is large; bad rows counted in report, the first ones
+    described in errors, in the order of the file."""
+    n = num_proc if num_proc > 1 and os.path.getsize(path) >= PARALLEL_CHECK_BYTES else 1
+    jobs = [(path, fmt, require_reply, index, part) for part in _parts(path, n)]
+    if len(jobs) > 1:
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(len(jobs)) as pool:
+            results = pool.map(_check_part, jobs)
+    else:
+        results = [_check_part(jobs[0])]
+    good = []
+    for part_good, part_report, part_errors in results:
+        good += part_good
+        report.rows += part_report.rows
+        report.skipped.update(part_report.skipped)
+        errors += part_errors[:MAX_ERRORS_SHOWN - len(errors)]
+    return good
+
+
+def _check_part(job) -> tuple[list, LoadReport, list]:
+    path, fmt, require_reply, index, (start, end, line) = job
+    good, report, errors = [], LoadReport(), []
+    for where, row, offset in jsonl_rows(path, start, end, line):
+        if _checked(row, where, fmt, require_reply, report, errors) is not None:
+            good.append((index, offset, int(where.rsplit(":", 1)[1])))
+    return good, report, errors
+
+
+def _checked(row, where: str, fmt, require_reply: bool, report: LoadReport, errors: list):
+    """check_row, counting the row in report; None (and the reason counted, the first ones
+    kept in errors) for a bad row."""
+    report.rows += 1
+    try:
+        return check_row(row, where, fmt, require_reply)
+    except BadRow as e:
+        report.skipped[e.kind] += 1
+        if len(errors) < MAX_ERRORS_SHOWN:  # the rest are counted, not kept
+            errors.append(f"{where}: {e}")
+        return None
 
 
 def open_rows(path: str, model_name=None, model_author=None):

@@ -8,6 +8,8 @@ by piece, is what makes the ids identical to `tokenizer.apply_chat_template`.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
+
 from swiftlite.config.constants import IGNORE_INDEX
 from swiftlite.errors import UsageError
 
@@ -59,29 +61,28 @@ class ChatTemplate:
                 rendered.append((text, trained_spans(spans, msgs, self.loss_scale)))
             except (TemplateRejected, UsageError) as e:
                 rendered.append(e)
-        texts = [r[0] for r in rendered if not isinstance(r, Exception)]
-        enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True) \
-            if texts else {"input_ids": [], "offset_mapping": []}
-        pairs = iter(zip(enc["input_ids"], enc["offset_mapping"]))
+        tokenised = iter(self._tokenise([r[0] for r in rendered if not isinstance(r, Exception)]))
         out = []
         for r in rendered:
             if isinstance(r, Exception):
                 out.append(r)
                 continue
-            ids, offsets = next(pairs)
-            spans = r[1]
-            if spans is None:  # --loss_scale all: every token
-                out.append({"input_ids": ids, "labels": list(ids)})
-                continue
-            labels = [IGNORE_INDEX] * len(ids)
-            j = 0  # spans and tokens are both in order: one pass
-            for i, (start, end) in enumerate(offsets):
-                while j < len(spans) and spans[j][1] <= start:
-                    j += 1
-                if j < len(spans) and spans[j][0] <= start < spans[j][1] and end > start:
-                    labels[i] = ids[i]
-            out.append({"input_ids": ids, "labels": labels})
+            ids, offsets = next(tokenised)
+            out.append({"input_ids": ids, "labels": list(ids) if r[1] is None  # --loss_scale all
+                        else _labels(ids, offsets, r[1])})
         return out
+
+    def _tokenise(self, texts: list[str]) -> list[tuple[list[int], list]]:
+        """(ids, character offsets) of each text. A fast tokenizer's Rust half is called
+        directly when it has no truncation or padding set (what transformers' call does then,
+        less a Python conversion per text that cost a tenth of encoding)."""
+        if not texts:
+            return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and backend.truncation is None and backend.padding is None:
+            return [(e.ids, e.offsets) for e in backend.encode_batch(texts, add_special_tokens=False)]
+        enc = self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+        return list(zip(enc["input_ids"], enc["offset_mapping"]))
 
     def check_renderable(self, messages: list[dict], tools) -> None:
         if (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)) \
@@ -105,6 +106,21 @@ class ChatTemplate:
             if len(t) == 1 and t[0] not in ids:
                 ids.append(t[0])
         return ids
+
+
+def _labels(ids: list[int], offsets: list, spans: list[tuple[int, int]]) -> list[int]:
+    """The labels of a tokenised text: a token is trained when it starts inside a trained
+    character span and is not empty. Token starts never decrease, so each span's tokens are
+    one slice, found by bisection rather than a Python step per token."""
+    starts = [o[0] for o in offsets]
+    labels = [IGNORE_INDEX] * len(ids)
+    for start, end in spans:
+        i, j = bisect_left(starts, start), bisect_left(starts, end)
+        labels[i:j] = ids[i:j]
+        for k in range(i, j):  # rare: a token that covers no characters is never trained
+            if offsets[k][1] <= offsets[k][0]:
+                labels[k] = IGNORE_INDEX
+    return labels
 
 
 def trained_spans(spans: list[tuple[int, int, int]], messages: list[dict], loss_scale: str):

@@ -84,13 +84,18 @@ def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
         return _run(args)
 
 
+def _num_proc(args: SftArguments) -> int:
+    return args.dataset_num_proc or len(os.sched_getaffinity(0))
+
+
 def _read_data(args: SftArguments):
     """(train conversations, validation conversations or None, LoadReport), every row checked.
     A validation split comes from the distinct rows, before #N sampling repeats any."""
     loaded = load_datasets(
         args.dataset, seed=args.data_seed, skip_bad_rows=args.skip_bad_rows,
         model_name=args.model_name, model_author=args.model_author,
-        split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio)
+        split_ratio=0.0 if args.val_dataset else args.split_dataset_ratio,
+        num_proc=_num_proc(args))
     train_convs, val_convs, load_report = loaded.train, loaded.val or None, loaded.report
     if args.val_dataset:
         val_convs = _read_val(args)
@@ -190,7 +195,7 @@ def _run(args: SftArguments) -> SftResult:
              "the adapters. Consider --template default, or the -Instruct model.")
 
     # 3. Encode (cached on disk), split, and show what training will see.
-    num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
+    num_proc = _num_proc(args)
     if args.streaming:
         train_ds, val_ds, val_report, stream_report = _stream(args, template, tokenizer,
                                                               num_proc)
