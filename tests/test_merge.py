@@ -116,6 +116,26 @@ def test_sharded_bf16_merge(tiny_run, tmp_path, capsys):
     assert not os.path.exists(os.path.join(out, "model.safetensors.index.json"))
 
 
+def test_a_check_that_runs_out_of_memory_loses_no_finished_merge(tiny_run, tmp_path,
+                                                                monkeypatch):
+    """The merged folder is in place before the check starts: memory running out during the
+    check (simulated: a MemoryError from the check, as a machine too small for it would give)
+    leaves the finished merge complete and loadable, and nothing half-written beside it."""
+    from swiftlite.inference import verify
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("simulated: the check did not fit")
+
+    monkeypatch.setattr(verify, "max_logit_difference", out_of_memory)
+    out = str(tmp_path / "m")
+    with pytest.raises(MemoryError):
+        swiftlite.merge_lora(tiny_run.last_checkpoint, out)
+    from transformers import AutoModelForCausalLM
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
+    assert json.load(open(os.path.join(out, "swiftlite.json")))["template"]
+    assert not _leftovers(str(tmp_path))
+
+
 @pytest.mark.parametrize("targets", [["q_proj", "embed_tokens", "lm_head"], ["embed_tokens"]],
                          ids=["embed+lm_head", "embed-only"])
 def test_tied_embeddings_with_lora_on_embeddings(tiny_qwen2, tmp_path, targets, capsys):
@@ -187,3 +207,56 @@ def test_dora_adapter_falls_back_to_peft_merge(tiny_qwen2, tmp_path, capsys):
     assert "merge_and_unload" in captured.err
     assert float(re.search(r"adapter vs merged: (\S+)", captured.out).group(1)) < 1e-4
     assert os.path.exists(os.path.join(out, "chat_template.jinja"))
+
+
+VERIFY_MEMORY_SCRIPT = r"""
+import json, sys
+import torch
+from swiftlite.data.template import get_template
+from swiftlite.inference.checkpoints import describe
+from swiftlite.inference import verify
+from swiftlite.models.loader import load_tokenizer
+from swiftlite.pipelines.merge import check_samples
+ckpt_dir, merged, how = sys.argv[1:]
+ckpt = describe(ckpt_dir)
+template = get_template(ckpt.template, load_tokenizer(ckpt.tokenizer_dir()))
+batch = verify._batch(check_samples(template), 0)
+logits = getattr(verify, how + "_logits")
+import accelerate, peft, transformers.models.llama.modeling_llama  # code, not weights
+
+
+def status(field):  # this process's memory in bytes (ru_maxrss would include the parent's)
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(field + ":"))
+
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak (VmHWM) starts again from now
+before = status("VmRSS")
+ref = logits(ckpt.base_dir, batch, torch.float32, ckpt_dir)
+merged_logits = logits(merged, batch, torch.float32)
+peak = status("VmHWM")
+print(json.dumps({"extra": peak - before, "diff": verify._max_diff(ref, merged_logits, batch)}))
+"""
+
+
+@pytest.mark.slow
+def test_the_merge_check_holds_one_layer_not_the_model(smollm2_cognition, smollm2_merged):
+    """The check runs each model a part at a time: on SmolLM2 (538 MB in fp32, its largest
+    tensor the 113 MB embedding matrix) it needs less than three copies of that tensor (the
+    bf16 file's and its fp32 cast, with the logits) beyond what the process held before,
+    where loading the models whole needs more than the whole fp32 model; both give the same
+    logits."""
+    ckpt, (merged, _) = smollm2_cognition["Swifty"], smollm2_merged
+    fp32_bytes, embedding_bytes = 4 * 134_515_008, 4 * 49152 * 576
+
+    def measure(how):
+        r = subprocess.run([sys.executable, "-c", VERIFY_MEMORY_SCRIPT, ckpt, merged, how],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    streamed, whole = measure("streamed"), measure("whole")
+    assert streamed["extra"] < 3 * embedding_bytes < fp32_bytes < whole["extra"], (streamed,
+                                                                                   whole)
+    assert abs(streamed["diff"] - whole["diff"]) < 1e-3 and streamed["diff"] < 0.5

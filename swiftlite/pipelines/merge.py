@@ -10,7 +10,6 @@ end, so an interrupted or refused merge never leaves a folder that looks finishe
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import shutil
@@ -120,27 +119,6 @@ def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
                        "is_chat": True, "torch_dtype": dtype_name,
                        "merged_from": os.path.abspath(args.ckpt_dir),
                        "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)
-        if args.verify:
-            from swiftlite.models.loader import quantization_config
-            run = ckpt.run_args or {}
-            quant = quantization_config(run, "float32")
-            diff, other = max_logit_difference(ckpt.base_dir, args.ckpt_dir, tmp, template,
-                                               None if dtype_name == "float32" else out_dtype,
-                                               quant)
-            note = "" if other is None or quant is not None else (
-                f" ({dtype_name} weights; for scale, the unmerged adapter model in {dtype_name} "
-                f"differs from fp32 by {other:.3g})")
-            print(f"max |logit difference| adapter vs merged: {diff:.3g}{note}", flush=True)
-            if quant is not None:
-                print(f"max |logit difference| adapter on the {run['quant_bits']}-bit base it "
-                      f"was trained on vs merged: {other:.3g}. The merged model is the adapter "
-                      "on the full-precision base (the first figure); the second is what "
-                      "quantizing the base costs, not a merge error. Serve the merged model, "
-                      f"or the adapter with --quant_bits {run['quant_bits']} to answer exactly "
-                      "as in training.", flush=True)
-            if dtype_name == "float32" and diff > 1e-2:
-                warn("the merged model's logits differ from the adapter's by more than 1e-2; "
-                     "please report this with the checkpoint's adapter_config.json.")
         from swiftlite.runtime.output import fsync_tree
         fsync_tree(tmp)  # on disk before it gets the final name
         _replace(tmp, out, args.exist_ok)
@@ -149,7 +127,44 @@ def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
     info(f"merged {stats['merged']} LoRA weights into {stats['tensors']} tensors "
          f"({stats['bytes'] / 2**20:.0f} MiB, {len(stats['files'])} file(s)) in "
          f"{time.time() - t0:.1f} s: {out}")
+    if args.verify:  # after the merge is in place: nothing the check does can lose it
+        _verify(args, ckpt, out, template, dtype_name, out_dtype)
     return out
+
+
+def _verify(args: MergeArguments, ckpt, out: str, template, dtype_name: str, out_dtype) -> None:
+    """Print how far the merged model's logits are from the adapter's (and, for scale, what
+    16-bit rounding or the quantized base costs); warn when it is more than rounding."""
+    from swiftlite.inference.verify import max_logit_difference
+    from swiftlite.models.loader import quantization_config
+    info("checking the merged model against the adapter, one layer at a time (the merged "
+         "model is saved: stopping here loses nothing; --verify false skips this)")
+    run = ckpt.run_args or {}
+    quant = quantization_config(run, "float32")
+    diff, other = max_logit_difference(ckpt.base_dir, args.ckpt_dir, out, template,
+                                       check_samples(template),
+                                       None if dtype_name == "float32" else out_dtype, quant)
+    note = "" if other is None or quant is not None else (
+        f" ({dtype_name} weights; for scale, the unmerged adapter model in {dtype_name} "
+        f"differs from fp32 by {other:.3g})")
+    print(f"max |logit difference| adapter vs merged: {diff:.3g}{note}", flush=True)
+    if quant is not None:
+        print(f"max |logit difference| adapter on the {run['quant_bits']}-bit base it "
+              f"was trained on vs merged: {other:.3g}. The merged model is the adapter "
+              "on the full-precision base (the first figure); the second is what "
+              "quantizing the base costs, not a merge error. Serve the merged model, "
+              f"or the adapter with --quant_bits {run['quant_bits']} to answer exactly "
+              "as in training.", flush=True)
+    if dtype_name == "float32" and diff > 1e-2:
+        warn("the merged model's logits differ from the adapter's by more than 1e-2; "
+             "please report this with the checkpoint's adapter_config.json.")
+
+
+def check_samples(template) -> list[list[int]]:
+    """CHECK_CONVERSATIONS as token ids."""
+    return [template.tokenizer(template.render(c, add_generation_prompt=c[-1]["role"] == "user")
+                               [0], add_special_tokens=False)["input_ids"]
+            for c in CHECK_CONVERSATIONS]
 
 
 def _check_output(out: str, args: MergeArguments, ckpt) -> None:
@@ -261,51 +276,6 @@ def naive_merge(base_dir: str, ckpt_dir: str, out_dir: str, dtype, max_shard_siz
     return {"files": files, "tensors": len(model.state_dict()), "merged": -1,
             "bytes": sum(os.path.getsize(os.path.join(out_dir, f)) for f in files),
             "untied": False}
-
-
-def _logits(model, batches):
-    import torch
-    with torch.no_grad():
-        return [model(input_ids=torch.tensor([ids])).logits.float() for ids in batches]
-
-
-def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template,
-                         low_dtype=None, quantization=None) -> tuple[float, float | None]:
-    """Largest |logit| difference between base + adapter (fp32) and the merged model on a few
-    encoded conversations; with low_dtype, also that of base + adapter in low_dtype (what 16-bit
-    rounding alone costs, for scale); with quantization (a QLoRA checkpoint), instead that of
-    the adapter on the quantized base it was trained on. Models are loaded one after the
-    other, never together."""
-    import torch
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from swiftlite.log import quiet_progress_bars
-    samples = [template.tokenizer(template.render(c, add_generation_prompt=c[-1]["role"] == "user")
-                                  [0], add_special_tokens=False)["input_ids"]
-               for c in CHECK_CONVERSATIONS]
-
-    def logits_of(path, dtype, adapter=None, quant=None):
-        with quiet_progress_bars():  # three internal loads: their progress bars say nothing new
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype,
-                                                         quantization_config=quant)
-        if adapter:
-            model = PeftModel.from_pretrained(model, adapter)
-        out = _logits(model.eval(), samples)
-        del model
-        gc.collect()
-        return out
-
-    def max_diff(a, b):
-        return max(float((x - y).abs().max()) for x, y in zip(a, b))
-
-    ref = logits_of(base_dir, torch.float32, ckpt_dir)
-    diff = max_diff(ref, logits_of(merged_dir, torch.float32))
-    if quantization is not None:
-        return diff, max_diff(ref, logits_of(base_dir, torch.float32, ckpt_dir, quantization))
-    rounding = None if low_dtype is None else max_diff(ref, logits_of(base_dir, low_dtype,
-                                                                      ckpt_dir))
-    return diff, rounding
 
 
 def main(argv: list[str]) -> None:
