@@ -407,3 +407,63 @@ def test_zero3_loads_partitioned_on_the_gpu_branch_with_two_ranks(tmp_path):
     assert all(h["partitioned"] for h in held)
     full = held[0]["full_numel"]
     assert all(h["local_numel"] * 2 == full for h in held), held
+
+
+@pytest.mark.parametrize("version, reentrant", [("0.19.2", True), ("0.19.3", False)])
+def test_zero3_under_a_deepspeed_without_its_fix_checkpoints_reentrant(tiny_qwen2, monkeypatch,
+                                                                       capsys, version,
+                                                                       reentrant):
+    """DeepSpeed before 0.19.3 fails ZeRO-3 under non-reentrant checkpointing (its #8148):
+    swiftlite then checkpoints reentrant, and the LoRA weights get the same gradients as
+    under the non-reentrant kind. Simulated: the DeepSpeed version (the installed one has the
+    fix) and ZeRO-3's mark on a partitioned weight (ds_id), so that the choice is made as on
+    a GPU host; the training itself is real."""
+    import deepspeed
+    import torch
+
+    from speedup_helpers import _assert_close_grads, _grads, _samples
+    from swiftlite.config.arguments import SftArguments
+    from swiftlite.models.loader import load_model
+    from swiftlite.training.tuners import prepare_model
+
+    def lora_grads(mark_zero3: bool):
+        torch.manual_seed(0)
+        base = load_model(tiny_qwen2, "float32")
+        if mark_zero3:
+            next(base.parameters()).ds_id = 0
+        model = prepare_model(base, SftArguments(model="x", dataset=["x"], lora_dropout=0.0,
+                                                 fused_lora=False), "cpu")
+        modes = {m._gradient_checkpointing_func.keywords["use_reentrant"]
+                 for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")}
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.05)
+        model.train()
+        for s in samples:
+            model(input_ids=torch.tensor([s["input_ids"]]),
+                  labels=torch.tensor([s["labels"]])).loss.backward()
+        return modes, _grads(model)
+
+    _, samples = _samples(tiny_qwen2)
+    monkeypatch.setattr(deepspeed, "__version__", version)
+    modes, grads = lora_grads(mark_zero3=True)
+    assert modes == {reentrant}
+    assert ("using reentrant checkpointing" in capsys.readouterr().err) == reentrant
+    plain_modes, plain = lora_grads(mark_zero3=False)
+    assert plain_modes == {False}
+    _assert_close_grads(grads, plain)
+
+
+@pytest.mark.slow
+def test_an_offload_preset_without_a_compiler_stops_before_the_model_loads(tmp_path):
+    """CPU Adam is compiled on first use: with no working C++ compiler (CXX=/bin/false, and an
+    empty extension cache so that nothing built before is reused) the run stops at once with
+    what to install, not with a build log at the first step; no run folder is made."""
+    r = run_cli("sft", *TRAIN, "--deepspeed", "zero2_offload", "--output_dir", tmp_path / "out",
+                env=child_env(CXX="/bin/false", TORCH_EXTENSIONS_DIR=tmp_path / "ext"),
+                check=False)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "needs DeepSpeed's CPU Adam, and it could not be built here" in r.stderr
+    assert "apt install build-essential" in r.stderr and "--deepspeed zero2" in r.stderr
+    assert "Traceback" not in r.stderr and "loading weights" not in r.stderr.lower()
+    assert not os.path.exists(tmp_path / "out") or not os.listdir(tmp_path / "out")

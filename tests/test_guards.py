@@ -183,3 +183,27 @@ def test_fp16_nan_advice_is_possible_on_the_hardware(gpu, advice, not_advised):
         _guard_log(Hardware("cuda", *gpu), True, math.nan, math.nan)
     assert "loss became nan at step 3" in str(e.value) and advice in str(e.value)
     assert not_advised not in str(e.value)
+
+
+def test_out_of_memory_while_the_model_moves_to_the_gpu_gets_the_ladder(tmp_path,
+                                                                        monkeypatch):
+    """The Trainer moves the model to the GPU when it is built, before training: a CUDA OOM
+    there (simulated: there is no GPU here, so building the Trainer raises the error CUDA
+    would) is answered with the next step too, and leaves no run folder."""
+    import torch
+
+    import swiftlite
+    from swiftlite.errors import RunError
+    from swiftlite.training import trainer
+
+    def no_room(*a, **kw):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; "
+                                     "14.56 GiB total capacity)")
+
+    monkeypatch.setattr(trainer, "build_trainer", no_room)
+    with pytest.raises(RunError) as e:
+        swiftlite.sft(model="tiny-qwen2", dataset=["self-cognition#4"], max_steps=1,
+                      output_dir=str(tmp_path / "out"), report_to="none")
+    assert str(e.value).startswith("out of memory (CUDA out of memory. Tried to allocate")
+    assert "\nNext step: --" in str(e.value) and "swiftlite estimate --model" in str(e.value)
+    assert not os.path.exists(tmp_path / "out") or not os.listdir(tmp_path / "out")

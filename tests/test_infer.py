@@ -37,6 +37,22 @@ def test_engine_loads_adapter_with_run_settings(engine, tiny_run):
     assert engine.dtype == "float32"
 
 
+def test_device_map_auto_places_base_and_adapter_and_answers_the_same(engine, tiny_run, capsys):
+    """--device_map auto goes through accelerate's placement (here, with no GPU, all of it on
+    the CPU: splitting over several GPUs needs them) with the adapter beside its layers, and
+    answers as the engine placed on one device."""
+    from swiftlite.pipelines.infer import InferEngine
+    spread = InferEngine.load(tiny_run.last_checkpoint, torch_dtype="float32", device_map="auto")
+    assert "--device_map auto: 1 module on cpu" in capsys.readouterr().err
+    assert spread.device == "cpu"
+    for q in QUESTIONS[:3]:
+        assert spread.chat(q, **GEN) == engine.chat(q, **GEN)
+    from swiftlite.config.arguments import DeployArguments
+    from swiftlite.errors import UsageError
+    with pytest.raises(UsageError, match="--device_map is the pt backend's"):
+        DeployArguments(model="tiny-qwen2", infer_backend="vllm", device_map="auto").validate()
+
+
 def test_batch_equals_one_by_one_and_stream_equals_chat(engine):
     convs = [[{"role": "user", "content": q}] for q in QUESTIONS]
     convs.append([{"role": "system", "content": "Be brief."}] + CHAT_ROWS[1]["messages"][1:4])

@@ -304,7 +304,14 @@ class GenerationArguments:
 
 
 @dataclass
-class InferArguments(ModelArguments, GenerationArguments):
+class PlacementArguments:
+    device_map: str = arg("none", "auto: spread a model too large for one GPU over the visible "
+                          "GPUs (then CPU memory), by accelerate; none: the whole model on one "
+                          "device", choices=("none", "auto"), group="model")
+
+
+@dataclass
+class InferArguments(ModelArguments, PlacementArguments, GenerationArguments):
     """Arguments of `swiftlite infer`. With --ckpt_dir the model, template, system prompt and
     dtype come from the run's args.json; flags override them."""
     ckpt_dir: Optional[str] = arg(None, "a LoRA checkpoint (loaded as base + adapter) or a merged "
@@ -364,7 +371,7 @@ DEPLOY_PT_BATCH = 32  # the pt server's batch; measured in README's serving tabl
 
 
 @dataclass
-class DeployArguments(ModelArguments):
+class DeployArguments(ModelArguments, PlacementArguments):
     """Arguments of `swiftlite deploy`."""
     ckpt_dir: Optional[str] = arg(None, "a LoRA checkpoint (served over its base model) or a "
                                   "merged model folder", group="model")
@@ -429,6 +436,9 @@ class DeployArguments(ModelArguments):
                 "vllm_python", "max_model_len", "vllm_args") if getattr(self, k) is not None]
             if self.tensor_parallel_size != 1:
                 problems.append("--tensor_parallel_size needs --infer_backend vllm")
+        elif self.device_map != "none":
+            problems.append("--device_map is the pt backend's; vLLM splits a model over GPUs "
+                            "with --tensor_parallel_size")
         elif self.allowed_hosts:
             problems.append("--allowed_hosts is checked by the pt server only; vLLM's server "
                             "does not check Host headers (keep it on loopback or behind a "

@@ -49,16 +49,17 @@ class InferEngine:
              ) -> "InferEngine":
         """Base + adapter for a LoRA checkpoint, else the model folder itself.
 
-        overrides: template, system, torch_dtype, trust_remote_code, attn_impl, device, and
-        quant_bits (+ bnb_4bit_quant_type, bnb_4bit_use_double_quant) to load the base model
-        quantized (a QLoRA adapter then answers exactly as on its training base).
+        overrides: template, system, torch_dtype, trust_remote_code, attn_impl, device,
+        device_map ("auto": spread over the visible GPUs, then CPU memory), and quant_bits
+        (+ bnb_4bit_quant_type, bnb_4bit_use_double_quant) to load the base model quantized
+        (a QLoRA adapter then answers exactly as on its training base).
         """
         from swiftlite.inference.checkpoints import _UNSET, describe
         from swiftlite.runtime.hardware import Hardware, cpu_has_bf16, detect, inference_dtype
         from swiftlite.models.loader import load_model, load_tokenizer
         from swiftlite.data.template import get_template
         unknown = set(overrides) - {"template", "system", "torch_dtype", "trust_remote_code",
-                                    "attn_impl", "device", *QUANT_FIELDS}
+                                    "attn_impl", "device", "device_map", *QUANT_FIELDS}
         if unknown:
             raise UsageError(f"InferEngine.load: unknown argument(s) {', '.join(sorted(unknown))}.")
         trust = bool(overrides.get("trust_remote_code"))
@@ -78,14 +79,21 @@ class InferEngine:
         quant = quantization_config(overrides, dtype)
         if quant is not None:
             info(f"the base model in {overrides['quant_bits']} bits (bitsandbytes)")
+        spread = overrides.get("device_map") == "auto"
+        placed = "auto" if spread else (None if quant is None else {"": device})
         net = load_model(ckpt.model_dir, dtype, trust_remote_code=trust,
                          attn_impl=overrides.get("attn_impl"), quantization=quant,
-                         device_map=None if quant is None else {"": device})
+                         device_map=placed)
         if ckpt.kind == "adapter":
             from peft import PeftModel
-            net = PeftModel.from_pretrained(net, ckpt.path)
-        if quant is None:  # a quantized model was loaded onto its device
+            net = PeftModel.from_pretrained(net, ckpt.path)  # each adapter beside its layer
+        if placed is None:
             net.to(device)
+        if spread:  # prompts go where the embeddings are; accelerate moves them on from there
+            device = str(net.get_input_embeddings().weight.device)
+            # (transformers records a map only when the model is split; peft passes it on)
+            info("--device_map auto: " + _placement(getattr(net, "hf_device_map", None)
+                                                     or {"": device}))
         net.eval()
         return cls(net, tokenizer, template, device, ckpt, dtype)
 
@@ -305,3 +313,11 @@ class _StopText:
     def flush(self) -> str:
         rest, self.pending = self.pending, ""
         return rest
+
+
+def _placement(device_map: dict) -> str:
+    """e.g. "24 modules on cuda:0, 4 on cuda:1, 2 on cpu"."""
+    from collections import Counter
+    counts = Counter(str(d) if not isinstance(d, int) else f"cuda:{d}"
+                     for d in device_map.values())
+    return ", ".join(f"{n} module{'s' if n > 1 else ''} on {d}" for d, n in counts.items())

@@ -54,8 +54,8 @@ def _overrides(args: DeployArguments) -> dict:
                               "attn_impl": args.attn_impl, "system": args.system,
                               "quant_bits": args.quant_bits,
                               "bnb_4bit_quant_type": args.bnb_4bit_quant_type,
-                              "bnb_4bit_use_double_quant": args.bnb_4bit_use_double_quant
-                              }.items()
+                              "bnb_4bit_use_double_quant": args.bnb_4bit_use_double_quant,
+                              "device_map": args.device_map}.items()
             if v is not None}
 
 

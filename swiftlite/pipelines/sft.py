@@ -236,7 +236,8 @@ def _run(args: SftArguments) -> SftResult:
     if args.train_type == "lora":
         check_target_modules_before_loading(model_dir, args.target_modules,
                                             args.trust_remote_code)
-    from swiftlite.training.deepspeed import zero3_init
+    from swiftlite.training.deepspeed import check_cpu_adam, zero3_init
+    check_cpu_adam(args, hw)
     zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
     quant = quantization_config(vars(args), dtype)
     if quant is not None:
@@ -259,9 +260,11 @@ def _run(args: SftArguments) -> SftResult:
     from swiftlite.training.plots import plot_losses
     from swiftlite.training.trainer import build_trainer
     from swiftlite.training.launch import agree_run_dir
+    from swiftlite.training.oom import oom_guard
     run_dir = agree_run_dir(args)  # the same on every rank (rank 0 claims it)
     try:
-        trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
+        with oom_guard(args, hw):  # the Trainer moves the model to the GPU: it may not fit
+            trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
     except BaseException:
         remove_if_empty(run_dir)
         raise
@@ -283,7 +286,6 @@ def _run(args: SftArguments) -> SftResult:
     if args.resume_from_checkpoint:
         info(f"resuming from {args.resume_from_checkpoint}")
     info(f"ready to train after {time.time() - t_start:.1f} s")
-    from swiftlite.training.oom import oom_guard
     with oom_guard(args, hw):  # an OOM is answered with the next step of the tuning ladder
         result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     metrics = dict(result.metrics)

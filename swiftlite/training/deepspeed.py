@@ -17,7 +17,7 @@ import re
 from importlib import resources
 
 from swiftlite.config.constants import STAGES
-from swiftlite.errors import UsageError
+from swiftlite.errors import RunError, UsageError
 from swiftlite.log import info
 
 
@@ -133,11 +133,41 @@ def _device_memory(hw) -> int | None:
     return None
 
 
+def _name_the_cpu(hw) -> None:
+    if hw.device == "cpu":  # accelerate imports DeepSpeed on every run, which then warns that
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # it found no GPU: say it is a CPU
+
+
+def check_cpu_adam(args, hw) -> None:
+    """An optimizer offloaded to the CPU runs DeepSpeed's CPU Adam, a C++ op compiled on its
+    first use: compile (or load) it now, before the model loads, so that a machine without a
+    compiler gets one clear error instead of a build log at the first step. Every rank asks;
+    torch's extension lock lets one build while the others wait for it."""
+    if not args.deepspeed:
+        return
+    config = resolve(args, hw)
+    offload = ((config or {}).get("zero_optimization") or {}).get("offload_optimizer") or {}
+    if offload.get("device") not in ("cpu", "nvme"):
+        return
+    _name_the_cpu(hw)
+    try:
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+        CPUAdamBuilder().load(verbose=False)
+    except Exception as e:  # noqa: BLE001 - a failed build raises whatever the toolchain gives
+        last = (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+        raise RunError(
+            f"--deepspeed {args.deepspeed} offloads the optimizer to the CPU, which needs "
+            f"DeepSpeed's CPU Adam, and it could not be built here ({last}). Install a C++ "
+            "compiler and the Python headers (Debian/Ubuntu: apt install build-essential "
+            "python3-dev), or install DeepSpeed with it prebuilt (DS_BUILD_CPU_ADAM=1 pip "
+            "install deepspeed --no-cache-dir); or train without offloading (--deepspeed "
+            "zero2 or zero3).") from None
+
+
 def training_kwargs(args, hw) -> dict:
     """Extra TrainingArguments for args.deepspeed: the config dict, and on a CPU-only host
     the accelerate state that makes DeepSpeed see all processes."""
-    if hw.device == "cpu":  # accelerate imports DeepSpeed on every run, which then warns that
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # it found no GPU: say it is a CPU
+    _name_the_cpu(hw)
     config = resolve(args, hw)
     if config is None:
         return {}

@@ -27,16 +27,28 @@ class Plan:
     fast_dropout: bool
     fused_lora: bool
     fp32_activations: bool
+    reentrant_checkpointing: bool = False
+
+
+# DeepSpeed's fix (#8148) for ZeRO-3 under non-reentrant checkpointing: before it, frozen
+# weights were back in their partitions (empty) when a layer was recomputed, and torch's
+# check of the recomputed tensors failed ("saved vs recomputed" CheckpointError).
+ZERO3_NON_REENTRANT_SINCE = "0.19.3"
 
 
 def plan(model, args, device: str) -> Plan:
     """Which speed-ups apply. `device`: where the model will train (it may sit on the CPU now)."""
     first = next(model.parameters())
     lora = args.train_type == "lora"
+    reentrant = args.gradient_checkpointing and _zero3_needs_reentrant(hasattr(first, "ds_id"))
     # Fused LoRA layers on CPUs only (GPUs keep peft's layers under autocast), and not on
     # ZeRO-3's partitioned weights, which DeepSpeed gathers through the modules' hooks.
     fused = lora and args.fused_lora and device == "cpu" and not hasattr(first, "ds_id")
     selective = args.gradient_checkpointing and args.selective_checkpointing
+    if selective and reentrant:
+        warn("--selective_checkpointing needs non-reentrant checkpointing, which this "
+             "DeepSpeed cannot run under ZeRO-3: plain gradient checkpointing.")
+        selective = False
     if selective and not lora:
         warn("--selective_checkpointing keeps the outputs of frozen matmuls, and full "
              "fine-tuning trains every weight: nothing to keep, so plain gradient checkpointing.")
@@ -57,12 +69,29 @@ def plan(model, args, device: str) -> Plan:
         # --attn_impl given: the user's attention implementation, as it is
         packed_attention=args.padding_free and not args.attn_impl,
         selective_checkpointing=selective, fast_dropout=lora and args.fast_dropout,
-        fused_lora=fused, fp32_activations=fp32_act)
+        fused_lora=fused, fp32_activations=fp32_act, reentrant_checkpointing=reentrant)
+
+
+def _zero3_needs_reentrant(zero3: bool) -> bool:
+    """Reentrant checkpointing for ZeRO-3 under a DeepSpeed older than its fix (said once)."""
+    if not zero3:
+        return False
+    import deepspeed
+    from packaging.version import Version
+    if Version(deepspeed.__version__) >= Version(ZERO3_NON_REENTRANT_SINCE):
+        return False
+    info(f"DeepSpeed {deepspeed.__version__} fails ZeRO-3 with non-reentrant gradient "
+         f"checkpointing (fixed in {ZERO3_NON_REENTRANT_SINCE}): using reentrant checkpointing. "
+         f"pip install 'deepspeed>={ZERO3_NON_REENTRANT_SINCE}' for the non-reentrant kind.")
+    return True
 
 
 def checkpoint_kwargs(p: Plan) -> dict:
     """Gradient checkpointing's kwargs. Selective: fused LoRA layers keep their frozen outputs
-    themselves (fused_lora.keep_frozen_outputs); otherwise torch's policy-based version."""
+    themselves (fused_lora.keep_frozen_outputs); otherwise torch's policy-based version.
+    Reentrant only where ZeRO-3 needs it (peft makes the inputs require grad for it)."""
+    if p.reentrant_checkpointing:
+        return {"use_reentrant": True}
     from swiftlite.training.speedups.selective_checkpointing import checkpoint_kwargs as kw
     return kw(p.selective_checkpointing and not p.fused_lora)
 
