@@ -9,7 +9,10 @@ Prints the versions and the hardware decisions, then runs each case as a user wo
             scaling), padded batches (the first-step loss must equal padding-free's),
             flash-attention when it imports, ZeRO-2, ZeRO-2 offload, ZeRO-3 (2 processes
             when 2 devices are visible); first loss, tokens/s, peak device memory
-  merge     merge-lora of the padding-free run; infer_* its answer in auto and fp16
+  oom       an accelerator only: a batch whose logits cannot fit (64 samples of 4,000
+            tokens, no checkpointing, no chunked loss); the run must stop with the ladder
+  merge     merge-lora of the padding-free run; infer_* its answer in auto and fp16, and
+            with --device_map auto
 On a CPU it runs what applies there (a check of the script itself; CI never runs it).
 """
 from __future__ import annotations
@@ -89,6 +92,9 @@ def main() -> None:
     if hw.count >= 2:
         results["train_zero3_2proc"] = train("train_zero3_2proc", work, common, "--deepspeed",
                                              "zero3", env={"NPROC_PER_NODE": "2"})
+    if accel:
+        results["oom"] = _oom(work, a.model)
+        print("oom", json.dumps(results["oom"]), flush=True)
     auto, padded = results["train_auto"], results["train_padded"]
     if "first_loss" in auto and "first_loss" in padded:
         results["padded_vs_padding_free_first_loss"] = abs(auto["first_loss"] -
@@ -102,10 +108,32 @@ def main() -> None:
                                       "Who are you?", "--torch_dtype", dtype,
                                       "--max_new_tokens", 32)
             results[f"infer_{dtype}"] = {"rc": rc, "wall_s": wall, "answer": log[-400:]}
+        rc, log, wall = swiftlite("infer", "--ckpt_dir", ckpt, "--query", "Who are you?",
+                                  "--device_map", "auto", "--max_new_tokens", 32)
+        results["infer_device_map_auto"] = {"rc": rc, "wall_s": wall, "answer": log[-400:]}
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     print(json.dumps({k: (v.get("rc") if isinstance(v, dict) and "rc" in v else v)
                       for k, v in results.items() if k != "versions"}))
+
+
+def _oom(work: str, model: str) -> dict:
+    data = os.path.join(work, "long.jsonl")
+    with open(data, "w") as f:
+        for i in range(64):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"Story {i}"},
+                                             {"role": "assistant",
+                                              "content": "once upon a time " * 1000}]}) + "\n")
+    out = os.path.join(work, "oom")
+    rc, log, wall = swiftlite("sft", "--model", model, "--dataset", data, "--max_steps", 1,
+                              "--max_length", 4096, "--per_device_train_batch_size", 64,
+                              "--gradient_accumulation_steps", 1, "--gradient_checkpointing",
+                              "false", "--chunked_loss", "false", "--report_to", "none",
+                              "--output_dir", out)
+    return {"rc": rc, "wall_s": wall, "ladder": "Next step:" in log,
+            "traceback": "Traceback" in log,
+            "advice": [line for line in log.splitlines() if "out of memory" in line
+                       or "Next step" in line or "If that is not" in line][:3]}
 
 
 def _versions() -> dict:

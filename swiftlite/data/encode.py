@@ -158,10 +158,16 @@ def load_cached(path: str, name: str):
         warn(f"{name}: ignoring the unreadable cache {path} ({type(e).__name__}); re-encoding")
         return None
     report = EncodeReport(samples=r["samples"], truncated=r["truncated"],
-                          dropped=Counter(r["dropped"]), lengths=list(ds["length"]),
+                          dropped=Counter(r["dropped"]), lengths=_lengths(ds),
                           trained_tokens=r["trained_tokens"], cache_path=path, from_cache=True)
     info(f"{name}: tokenised data loaded from the cache {path}")
     return ds, report
+
+
+def _lengths(ds) -> list[int]:
+    """The length column as Python ints, read as one Arrow column (iterating the dataset's
+    column formats each row: 6 s for a million)."""
+    return ds.data.column("length").to_pylist()
 
 
 def _sweep(path: str) -> None:
