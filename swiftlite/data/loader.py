@@ -31,6 +31,7 @@ BUILTIN = {"self-cognition": "self_cognition.jsonl"}
 MAX_ERRORS_SHOWN = 5
 CSV_CELL_LIMIT = 64 * 2 ** 20  # characters
 BYTES_PER_TEXT_CHAR = 16  # see _check_fits
+READ_BLOCK = 16 * 2 ** 20  # bytes read at a time when a whole file is scanned
 _KEYS = {"messages": {"messages"}, "sharegpt": {"conversations"},
          "alpaca": {"instruction", "output"}, "query-response": {"query", "response"}}
 
@@ -162,13 +163,17 @@ def _parts(path: str, n: int) -> list[tuple[int, int, int]]:
 
 
 def _count_newlines(f, n: int) -> int:
-    count = 0
-    while n > 0:
-        block = f.read(min(n, 16 * 2 ** 20))
+    return sum(block.count(b"\n") for block in _blocks(f, n))
+
+
+def _blocks(f, n: int | None = None):
+    """The next n bytes of the open file f (all that is left when None), in blocks."""
+    while n is None or n > 0:
+        block = f.read(READ_BLOCK if n is None else min(n, READ_BLOCK))
         if not block:
-            break
-        count, n = count + block.count(b"\n"), n - len(block)
-    return count
+            return
+        yield block
+        n = None if n is None else n - len(block)
 
 
 def _parse_line(raw: bytes):
@@ -223,7 +228,7 @@ class Rows(Sequence):
             path, fmt, _ = self._files[index]
             h.update(f"{index}:{fmt}:".encode())
             with open(path, "rb") as f:
-                while block := f.read(16 * 2 ** 20):
+                for block in _blocks(f):
                     h.update(block)
         for item in self._items:
             if isinstance(item, dict):

@@ -93,7 +93,7 @@ class InferEngine:
             device = str(net.get_input_embeddings().weight.device)
             # (transformers records a map only when the model is split; peft passes it on)
             info("--device_map auto: " + _placement(getattr(net, "hf_device_map", None)
-                                                     or {"": device}))
+                                                     or {"": device}, hw.device))
         net.eval()
         return cls(net, tokenizer, template, device, ckpt, dtype)
 
@@ -315,9 +315,10 @@ class _StopText:
         return rest
 
 
-def _placement(device_map: dict) -> str:
-    """e.g. "24 modules on cuda:0, 4 on cuda:1, 2 on cpu"."""
+def _placement(device_map: dict, accelerator: str) -> str:
+    """e.g. "24 modules on cuda:0, 4 on cuda:1, 2 on cpu" (accelerate names an accelerator by
+    its index alone)."""
     from collections import Counter
-    counts = Counter(str(d) if not isinstance(d, int) else f"cuda:{d}"
+    counts = Counter(f"{accelerator}:{d}" if isinstance(d, int) else str(d)
                      for d in device_map.values())
     return ", ".join(f"{n} module{'s' if n > 1 else ''} on {d}" for d, n in counts.items())

@@ -27,25 +27,24 @@ def max_logit_difference(base_dir: str, ckpt_dir: str, merged_dir: str, template
     instead that of the adapter on the quantized base it was trained on."""
     import torch
     batch = _batch(samples, template.tokenizer.pad_token_id or 0)
-    try:
-        ref = streamed_logits(base_dir, batch, torch.float32, ckpt_dir)
-        merged = streamed_logits(merged_dir, batch, torch.float32)
-    except NotStreamable as e:
-        from swiftlite.log import info
-        info(f"checking the merge with whole models in memory ({e})")
-        ref = whole_logits(base_dir, batch, torch.float32, ckpt_dir)
-        merged = whole_logits(merged_dir, batch, torch.float32)
-    diff = _max_diff(ref, merged, batch)
+    ref = _logits(base_dir, batch, torch.float32, ckpt_dir)
+    diff = _max_diff(ref, _logits(merged_dir, batch, torch.float32), batch)
     if quantization is not None:  # the quantized base is small: loaded whole
         return diff, _max_diff(ref, whole_logits(base_dir, batch, torch.float32, ckpt_dir,
                                                  quantization), batch)
     if low_dtype is None:
         return diff, None
+    return diff, _max_diff(ref, _logits(base_dir, batch, low_dtype, ckpt_dir), batch)
+
+
+def _logits(model_dir: str, batch, dtype, adapter_dir=None):
+    """streamed_logits, or whole_logits (saying why) for a model it cannot run."""
     try:
-        low = streamed_logits(base_dir, batch, low_dtype, ckpt_dir)
-    except NotStreamable:
-        low = whole_logits(base_dir, batch, low_dtype, ckpt_dir)
-    return diff, _max_diff(ref, low, batch)
+        return streamed_logits(model_dir, batch, dtype, adapter_dir)
+    except NotStreamable as e:
+        from swiftlite.log import info
+        info(f"checking the merge with {model_dir} whole in memory ({e})")
+        return whole_logits(model_dir, batch, dtype, adapter_dir)
 
 
 def _batch(samples: list[list[int]], pad_id: int):

@@ -82,7 +82,7 @@ def resolve(args, hw) -> dict | None:
         return None
     value = args.deepspeed
     if isinstance(value, str) and value.strip() == "auto":
-        # Decided once per run (setup asks twice: for ZeRO-3 loading and for the Trainer).
+        # Decided once per run (setup asks again: CPU Adam, ZeRO-3 loading, the Trainer).
         if "_deepspeed_auto" not in vars(args):
             args._deepspeed_auto = recommended_preset(args, hw)
         value = args._deepspeed_auto
