@@ -12,6 +12,14 @@
 
   # 3. peak memory of one forward+backward of a LENGTH-token sample (fresh process per case)
   python scripts/bench_sft.py memory --model tiny-qwen2 --length 2048 4096
+
+  # 4. where a step's time goes (torch profiler over STEPS steps after a warm-up step): shares
+  #    of matmuls, attention, dropout masks, casts, other element-wise work, optimizer, collation
+  python scripts/bench_sft.py profile --steps 3 --variant default:torch_dtype=auto
+
+Every command first prints one {"machine": ...} line: the CPU, the flags that decide swiftlite's
+CPU dtype, the threads, and this machine's measured fp32 and bf16 matmul rates (GFLOP/s of a
+2048 x 2048 product, best of 5), so every figure says what it was measured on.
 """
 from __future__ import annotations
 
@@ -51,6 +59,29 @@ def _tree_rss(root: int) -> int:
         except (OSError, ValueError):
             pass
     return total
+
+
+def matmul_gflops(dtype, n: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of an n x n x n matmul in `dtype` on this CPU (best of `repeats`)."""
+    import torch
+    x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    torch.mm(x, y)  # oneDNN picks and builds its kernel on the first call
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(x, y)
+        best = min(best, time.perf_counter() - t)
+    return round(2 * n ** 3 / best / 1e9, 1)
+
+
+def machine() -> dict:
+    import torch
+
+    from swiftlite.runtime import hardware
+    return {"cpu": hardware.describe_cpu(), "flags": list(hardware.cpu_flags()),
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "matmul_gflops": {"float32": matmul_gflops(torch.float32),
+                              "bfloat16": matmul_gflops(torch.bfloat16)}}
 
 
 def cmd_run(a, extra):
@@ -95,19 +126,19 @@ def _variant(spec: str, base: dict):
     return name, values
 
 
-def cmd_ab(a, extra):
-    """Interleaved steps of each variant on the same batches; real swiftlite parts throughout
-    (encode, load_model, prepare_model, collator, supervised_head_loss), AdamW as the Trainer."""
+def _setup(a):
+    """The batches of a.steps steps and one prepared model per --variant, all from real
+    swiftlite parts (encode, load_model, prepare_model, collator), with AdamW as the Trainer."""
     import torch
 
     from swiftlite.config.arguments import SftArguments
     from swiftlite.config.parsing import build
     from swiftlite.data import load_conversations
     from swiftlite.data.encode import encode_dataset
-    from swiftlite.training.speedups.chunked_loss import supervised_head_loss
     from swiftlite.models import resolve_model
     from swiftlite.models.loader import load_model, load_tokenizer
     from swiftlite.data.template import get_template
+    from swiftlite.runtime import hardware
     from swiftlite.training.trainer import collator
     from swiftlite.training.tuners import prepare_model
     base = {"model": a.model, "dataset": [a.dataset], "template": a.template, "max_length": 512,
@@ -125,27 +156,42 @@ def cmd_ab(a, extra):
     runs = []
     for name, values in variants:
         args = build(SftArguments, values)
+        dtype = hardware.training_dtype(args.torch_dtype, hardware.detect(), "lora")
         torch.manual_seed(42)
-        model = prepare_model(load_model(model_dir, args.torch_dtype), args)
+        model = prepare_model(load_model(model_dir, hardware.weights_dtype(dtype, "lora")), args)
         model.train()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
                                 weight_decay=0.1)
         runs.append({"name": name, "args": args, "model": model, "opt": opt,
                      "collate": collator(tok, args.padding_free), "t": 0.0, "cpu": 0.0, "tok": 0,
                      "losses": []})
+    return batches, runs
+
+
+def _forward_backward(r, batch):
+    from swiftlite.training.speedups.chunked_loss import supervised_head_loss
+    loss = (supervised_head_loss(r["model"], batch) if r["args"].chunked_loss
+            else r["model"](**batch).loss)
+    loss.backward()
+    return loss
+
+
+def _optimizer_step(r):
+    import torch
+    torch.nn.utils.clip_grad_norm_([p for p in r["model"].parameters() if p.requires_grad], 1.0)
+    r["opt"].step()
+    r["opt"].zero_grad()
+
+
+def cmd_ab(a, extra):
+    """Interleaved steps of each variant on the same batches."""
+    batches, runs = _setup(a)
     for step, samples in enumerate(batches):
         for r in runs:
             batch = r["collate"]([dict(s) for s in samples])
             t, c = time.perf_counter(), time.process_time()
-            if r["args"].chunked_loss:
-                loss = supervised_head_loss(r["model"], batch)
-            else:
-                loss = r["model"](**batch).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(
-                [p for p in r["model"].parameters() if p.requires_grad], 1.0)
-            r["opt"].step()
-            r["opt"].zero_grad()
+            loss = _forward_backward(r, batch)
+            _optimizer_step(r)
             dt, dc = time.perf_counter() - t, time.process_time() - c
             if step >= a.warmup:
                 r["t"] += dt
@@ -163,6 +209,62 @@ def cmd_ab(a, extra):
                           "ratio": round(tps / ref, 3), "tokens_per_cpu_s": round(tpc, 1),
                           "cpu_ratio": round(tpc / ref_cpu, 3), "steps": a.steps - a.warmup,
                           "losses": r["losses"]}), flush=True)
+
+
+# Operator groups of a profiled step, by aten name (self time). The dropout group also holds
+# the other uses of these ops (attention's masking, the loss' label mask), a few percent.
+PROFILE_GROUPS = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("flash_attention", "scaled_dot_product", "_efficient_attention"),
+    "dropout masks (random_, lt, where, masked_fill_)": ("aten::random_", "aten::lt",
+                                                        "aten::where", "aten::masked_fill"),
+    "casts and copies": ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous"),
+    "log-softmax and loss": ("log_softmax", "nll_loss", "cross_entropy"),
+}
+
+
+def _group(op: str) -> str:
+    return next((g for g, keys in PROFILE_GROUPS.items() if any(k in op for k in keys)),
+                "other element-wise and bookkeeping")
+
+
+def cmd_profile(a, extra):
+    """Where the time of a step of the first --variant goes: the steps after a warm-up step,
+    timed by phase (collation, forward+backward, optimizer); then the forward+backward of the
+    same batches again under the torch profiler, for the operators' shares (the profiler's own
+    overhead makes its timings longer, so the seconds come from the unprofiled pass)."""
+    from torch.profiler import ProfilerActivity, profile
+    batches, runs = _setup(a)
+    r, shares, ops = runs[0], {}, {}
+    phases = {"collate": 0.0, "forward+backward": 0.0, "optimizer": 0.0}
+    for step, samples in enumerate(batches):
+        t = time.perf_counter()
+        batch = r["collate"]([dict(s) for s in samples])
+        t1 = time.perf_counter()
+        _forward_backward(r, batch)
+        t2 = time.perf_counter()
+        _optimizer_step(r)
+        if step:
+            phases["collate"] += t1 - t
+            phases["forward+backward"] += t2 - t1
+            phases["optimizer"] += time.perf_counter() - t2
+            r["tok"] += sum(len(s["input_ids"]) for s in samples)
+    for samples in batches[1:]:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            _forward_backward(r, r["collate"]([dict(s) for s in samples]))
+        for e in prof.key_averages():
+            shares[_group(e.key)] = shares.get(_group(e.key), 0) + e.self_cpu_time_total
+            ops[e.key] = ops.get(e.key, 0) + e.self_cpu_time_total
+        r["model"].zero_grad()
+    total, wall = sum(shares.values()), sum(phases.values())
+    print(json.dumps({"variant": r["name"], "steps": a.steps - 1, "tokens": r["tok"],
+                      "seconds": {k: round(v, 2) for k, v in phases.items()},
+                      "tokens_per_s": round(r["tok"] / wall, 1),
+                      "forward_backward_shares": {k: round(v / total, 3) for k, v in
+                                                  sorted(shares.items(), key=lambda kv: -kv[1])},
+                      "top_operators": {k: round(v / total, 3) for k, v in
+                                        sorted(ops.items(), key=lambda kv: -kv[1])[:15]}}),
+          flush=True)
 
 
 _MEM_CHILD = r"""
@@ -203,7 +305,7 @@ def cmd_memory(a, extra):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("run", "ab", "memory"):
+    for name in ("run", "ab", "memory", "profile"):
         p = sub.add_parser(name)
         p.add_argument("--model", default="/tmp/bench_models/smol135m")
         p.add_argument("--dataset", default="/tmp/bench_data/train.jsonl")
@@ -211,9 +313,10 @@ def main():
         p.add_argument("--steps", type=int, default=30)
         if name == "run":
             p.add_argument("--output_dir")
-        if name == "ab":
-            p.add_argument("--variant", action="append", required=True,
+        if name in ("ab", "profile"):
+            p.add_argument("--variant", action="append", required=name == "ab",
                            help="NAME:flag=value,flag=value (SftArguments fields)")
+        if name == "ab":
             p.add_argument("--warmup", type=int, default=1, help="untimed first steps")
         if name == "memory":
             p.add_argument("--length", type=int, nargs="+", default=[2048, 4096])
@@ -221,7 +324,11 @@ def main():
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
     a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    sys.exit({"run": cmd_run, "ab": cmd_ab, "memory": cmd_memory}[a.cmd](a, extra) or 0)
+    if a.cmd == "profile" and not a.variant:
+        a.variant = ["default:torch_dtype=auto"]
+    print(json.dumps({"machine": machine()}), flush=True)
+    sys.exit({"run": cmd_run, "ab": cmd_ab, "memory": cmd_memory,
+              "profile": cmd_profile}[a.cmd](a, extra) or 0)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,14 @@ def test_cpu_bf16_default_is_for_lora_training(tmp_path):
     assert hardware.cpu_has_bf16(str(info))
     info.write_text("processor : 0\nflags : fpu sse avx2\n")
     assert not hardware.cpu_has_bf16(str(info))
+    # The run log names the CPU and the flags that decided (read at run time, not the vendor)
+    info.write_text("processor : 0\nmodel name : AMD EPYC 9R14\nflags : fpu avx2 avx512f "
+                    "avx512_bf16\n")
+    assert hardware.cpu_flags(str(info)) == ("avx512_bf16", "avx512f", "avx2")
+    line = hardware.describe_cpu(str(info))
+    assert line.startswith("AMD EPYC 9R14, ") and line.endswith(": avx512_bf16 avx512f avx2, no amx_bf16")
+    info.write_text("processor : 0\nflags : fpu sse\n")
+    assert hardware.describe_cpu(str(info)).endswith("none of amx_bf16 avx512_bf16 avx512f avx2")
     with_bf16, without = Hardware("cpu", "cpu", cpu_bf16=True), Hardware("cpu", "cpu")
     assert hardware.default_dtype(with_bf16) == hardware.default_dtype(without) == "float32"
     assert hardware.training_dtype("auto", with_bf16, "lora") == "bfloat16"

@@ -170,7 +170,10 @@ def _run(args: SftArguments) -> SftResult:
         how = " (--torch_dtype auto" + (": bf16 frozen base, fp32 activations, LoRA and "
                                         "optimizer; --torch_dtype float32 for all fp32" if cpu_bf16
                                         else "") + ")"
-    info(f"training on {hw.device} in {dtype}{how}")
+    # On a CPU the dtype follows its flags (hardware.CPU_BF16_FLAGS): name them, so a run log
+    # from another machine says why it chose what it did.
+    where = f"cpu ({hardware.describe_cpu()})" if hw.device == "cpu" else hw.device
+    info(f"training on {where} in {dtype}{how}")
 
     # 1. Data: read and validate every row before loading anything heavy; unless these very
     # files were read and encoded before (data.manifest), then the model comes first.
