@@ -94,8 +94,9 @@ def describe_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
     import os
     flags = cpu_flags(cpuinfo)
     missing = [f for f in CPU_BF16_FLAGS if f not in flags]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (f"{_cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}, "
-            f"{len(os.sched_getaffinity(0))} cores: {' '.join(flags) or 'none of ' + ' '.join(CPU_FLAGS)}"
+            f"{cores} cores: {' '.join(flags) or 'none of ' + ' '.join(CPU_FLAGS)}"
             + (f", no {' '.join(missing)}" if missing and flags else ""))
 
 
