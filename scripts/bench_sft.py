@@ -235,7 +235,7 @@ def cmd_profile(a, extra):
     overhead makes its timings longer, so the seconds come from the unprofiled pass)."""
     from torch.profiler import ProfilerActivity, profile
     batches, runs = _setup(a)
-    r, shares, ops = runs[0], {}, {}
+    r, ops = runs[0], {}
     phases = {"collate": 0.0, "forward+backward": 0.0, "optimizer": 0.0}
     for step, samples in enumerate(batches):
         t = time.perf_counter()
@@ -253,10 +253,12 @@ def cmd_profile(a, extra):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             _forward_backward(r, r["collate"]([dict(s) for s in samples]))
         for e in prof.key_averages():
-            shares[_group(e.key)] = shares.get(_group(e.key), 0) + e.self_cpu_time_total
             ops[e.key] = ops.get(e.key, 0) + e.self_cpu_time_total
         r["model"].zero_grad()
-    total, wall = sum(shares.values()), sum(phases.values())
+    shares = {}
+    for op, us in ops.items():
+        shares[_group(op)] = shares.get(_group(op), 0) + us
+    total, wall = sum(ops.values()), sum(phases.values())
     print(json.dumps({"variant": r["name"], "steps": a.steps - 1, "tokens": r["tok"],
                       "seconds": {k: round(v, 2) for k, v in phases.items()},
                       "tokens_per_s": round(r["tok"] / wall, 1),

@@ -8,6 +8,7 @@ value, so each one is unit-tested with the capabilities given by hand.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 
 from swiftlite.errors import UsageError
@@ -68,20 +69,29 @@ CPU_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 CPU_FLAGS = (*CPU_BF16_FLAGS, "avx512f", "avx2")
 
 
-def _cpuinfo_field(name: str, cpuinfo: str) -> str:
-    """The value of the first `name : value` line of /proc/cpuinfo ("" when absent)."""
+def _cpuinfo(path: str) -> dict[str, str]:
+    """The `name : value` fields of the first processor in /proc/cpuinfo ({} when unreadable)."""
+    fields = {}
     try:
-        with open(cpuinfo) as f:
-            line = next((line for line in f if line.split(":")[0].strip() == name), "")
+        with open(path) as f:
+            for line in f:
+                if not line.strip():  # the end of the first processor's block
+                    break
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
     except OSError:
-        return ""
-    return line.partition(":")[2].strip()
+        pass
+    return fields
+
+
+def _flags(fields: dict[str, str]) -> tuple[str, ...]:
+    have = set(fields.get("flags", "").split())
+    return tuple(f for f in CPU_FLAGS if f in have)
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, ...]:
     """The flags of CPU_FLAGS this CPU has, in CPU_FLAGS' order."""
-    have = set(_cpuinfo_field("flags", cpuinfo).split())
-    return tuple(f for f in CPU_FLAGS if f in have)
+    return _flags(_cpuinfo(cpuinfo))
 
 
 def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
@@ -91,11 +101,11 @@ def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def describe_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU, and the flags that decide its dtype, for the run log: e.g. "AMD EPYC, 2 cores:
     avx512_bf16 avx512f avx2, no amx_bf16"."""
-    import os
-    flags = cpu_flags(cpuinfo)
+    fields = _cpuinfo(cpuinfo)
+    flags = _flags(fields)
     missing = [f for f in CPU_BF16_FLAGS if f not in flags]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"{_cpuinfo_field('model name', cpuinfo) or 'unknown CPU'}, "
+    return (f"{fields.get('model name') or 'unknown CPU'}, "
             f"{cores} cores: {' '.join(flags) or 'none of ' + ' '.join(CPU_FLAGS)}"
             + (f", no {' '.join(missing)}" if missing and flags else ""))
 
