@@ -216,8 +216,10 @@ def cmd_ab(a, extra):
 PROFILE_GROUPS = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
     "attention": ("flash_attention", "scaled_dot_product", "_efficient_attention"),
-    "dropout masks (random_, lt, where, masked_fill_)": ("aten::random_", "aten::lt",
-                                                        "aten::where", "aten::masked_fill"),
+    # fast_dropout.py draws the drop positions (uniform_ ... searchsorted) and zeroes them;
+    # torch's dropout (--fast_dropout false) draws a mask with bernoulli_
+    "dropout": ("aten::uniform_", "aten::log1p", "aten::floor", "aten::cumsum",
+                "aten::searchsorted", "aten::index_fill", "aten::bernoulli"),
     "casts and copies": ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous"),
     "log-softmax and loss": ("log_softmax", "nll_loss", "cross_entropy"),
 }

@@ -1,4 +1,4 @@
-"""--fast_dropout: LoRA dropout masks from 8 random bits per element are dropout, replayed by checkpointing, and learn like torch's."""
+"""--fast_dropout: LoRA dropout drawn as the positions it drops is dropout, replayed by checkpointing, and learns like torch's."""
 from __future__ import annotations
 
 
@@ -10,29 +10,55 @@ from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
 
 
 def test_fast_dropout_is_dropout():
-    """Drop rate p, kept values scaled to keep the mean, the gradient masked and scaled the same
-    way; identity at p = 0 and in eval mode; reproducible from torch's seed."""
+    """Drop rate p exactly, kept values scaled to keep the mean, the gradient masked and scaled
+    the same way; identity at p = 0 and in eval mode; reproducible from torch's seed."""
     from swiftlite.training.speedups.fast_dropout import FastDropout
     x = torch.randn(300, 1000, requires_grad=True)
     drop = FastDropout(0.1).train()
-    assert (drop.bits, drop.rate) == (8, 26 / 256)  # 0.1016: within 2% of p
-    assert FastDropout(0.01).rate == round(0.01 * 65536) / 65536  # 8 bits would be 17% off
     torch.manual_seed(0)
     y = drop(x)
     dropped = y == 0
-    assert dropped.float().mean().item() == pytest.approx(26 / 256, abs=0.002)
-    scale = 1 / (1 - 26 / 256)
-    torch.testing.assert_close(y[~dropped], x[~dropped] * scale)
+    # 300,000 elements: the binomial's standard deviation is 0.00055
+    assert dropped.float().mean().item() == pytest.approx(0.1, abs=0.002)
+    torch.testing.assert_close(y[~dropped], x[~dropped] / 0.9)
     y.sum().backward()
-    torch.testing.assert_close(x.grad, (~dropped).float() * scale)
+    torch.testing.assert_close(x.grad, (~dropped).float() / 0.9)
     torch.manual_seed(0)
-    assert torch.equal(drop(x), y)  # same seed, same mask
+    assert torch.equal(drop(x), y)  # same seed, same drops
     ones = torch.ones(2000, 2000)
     assert drop(ones).mean().item() == pytest.approx(1.0, abs=0.003)  # unbiased
-    small = FastDropout(0.01).train()(ones)  # the 16-bit path
+    small = FastDropout(0.01).train()(ones)
     assert (small == 0).float().mean().item() == pytest.approx(0.01, abs=0.0005)
     assert small.mean().item() == pytest.approx(1.0, abs=0.003)
     assert drop.eval()(x) is x and FastDropout(0.0).train()(x) is x
+
+
+def test_drop_positions_are_independent_drops_at_rate_p():
+    """The geometric gaps give what n independent coin flips would: each position (the first
+    and the last included) dropped with probability p, a drop not making its neighbour more or
+    less likely, and the same positions when the first draw runs short and more are drawn."""
+    from swiftlite.training.speedups.fast_dropout import drop_positions
+    torch.manual_seed(0)
+    n, p, trials = 64, 0.05, 20_000
+    hits = torch.zeros(n)
+    pairs = 0
+    for _ in range(trials):
+        pos = drop_positions(n, p)
+        assert bool((pos[1:] > pos[:-1]).all()) and (len(pos) == 0 or 0 <= pos[0] <= pos[-1] < n)
+        hits[pos] += 1
+        pairs += int((pos[1:] - pos[:-1] == 1).sum())
+    rate = hits / trials  # per position: standard deviation 0.0015
+    assert rate.sub(p).abs().max().item() < 0.0075, rate
+    assert rate[0].item() == pytest.approx(p, abs=0.0075)
+    assert rate[-1].item() == pytest.approx(p, abs=0.0075)
+    # adjacent drops: (n - 1) p^2 per trial if independent (sd of the count about 2%)
+    assert pairs / trials == pytest.approx((n - 1) * p * p, rel=0.1)
+    torch.manual_seed(1)
+    one_draw = drop_positions(10_000, 0.3)
+    torch.manual_seed(1)
+    short_draws = drop_positions(10_000, 0.3, draws=7)  # about 430 rounds of 7 gaps
+    assert torch.equal(one_draw, short_draws) and len(short_draws) > 2_800
+    assert len(drop_positions(0, p)) == 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

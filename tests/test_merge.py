@@ -247,7 +247,7 @@ def test_the_merge_check_holds_one_layer_not_the_model(smollm2_cognition, smollm
     bf16 file's and its fp32 cast, with the logits) beyond what the process held before,
     where loading the models whole needs more than the whole fp32 model; both give the same
     logits."""
-    ckpt, (merged, _) = smollm2_cognition["Swifty"], smollm2_merged
+    ckpt, (merged, merge_stdout) = smollm2_cognition["Swifty"], smollm2_merged
     fp32_bytes, embedding_bytes = 4 * 134_515_008, 4 * 49152 * 576
 
     def measure(how):
@@ -259,4 +259,10 @@ def test_the_merge_check_holds_one_layer_not_the_model(smollm2_cognition, smollm
     streamed, whole = measure("streamed"), measure("whole")
     assert streamed["extra"] < 3 * embedding_bytes < fp32_bytes < whole["extra"], (streamed,
                                                                                    whole)
-    assert abs(streamed["diff"] - whole["diff"]) < 1e-3 and streamed["diff"] < 0.5
+    assert abs(streamed["diff"] - whole["diff"]) < 1e-3
+    # The merged model is saved in the training dtype. In bf16 (CPUs with bf16 units) its
+    # difference from the fp32 adapter is 16-bit rounding, of the size merge-lora prints for
+    # the unmerged model in bf16; in fp32 it is float noise.
+    scale = re.search(r"differs from fp32 by (\S+)\)", merge_stdout)
+    bound = 2 * float(scale.group(1)) if scale else 1e-2
+    assert streamed["diff"] < bound, (streamed["diff"], merge_stdout)

@@ -163,10 +163,9 @@ class TrainArguments:
     chunked_loss: bool = arg(True, "LM head and loss only at trained positions, in chunks (less "
                              "time, no length x vocab logits in memory); false: the model's own "
                              "loss", group="train")
-    fast_dropout: bool = arg(True, "LoRA dropout masks from 8 random bits per element on a "
-                             "CPU (16 when 8 would round p too far; cheaper than torch's "
-                             "bernoulli); false: nn.Dropout",
-                             group="train")
+    fast_dropout: bool = arg(True, "on a CPU, LoRA dropout draws only the positions it drops "
+                             "(about p x the elements) instead of a random mask over all of "
+                             "them; false: nn.Dropout", group="train")
     fused_lora: bool = arg(True, "on a CPU, each LoRA layer's adapter branch as one autograd "
                            "function with its gradients in fast matmul layouts, and checkpointing "
                            "no longer recomputes the last matmul of a layer; false: peft's modules",

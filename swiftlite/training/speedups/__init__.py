@@ -3,7 +3,7 @@ apply; docs/performance.md has what each buys):
 
   packed_attention         --padding_free: SDPA per packed sample, not one block mask
   selective_checkpointing  --selective_checkpointing: keep frozen matmul outputs
-  fast_dropout             --fast_dropout: LoRA dropout masks from 8 random bits (CPU)
+  fast_dropout             --fast_dropout: LoRA dropout drawn as the positions it drops (CPU)
   fused_lora               --fused_lora: each LoRA layer as one autograd function (CPU)
   fp32_activations         --fp32_activations: bf16 frozen matmuls, fp32 activations (CPU)
   chunked_loss             --chunked_loss: LM head only at trained positions (the Trainer's)
@@ -105,12 +105,8 @@ def apply(model, p: Plan) -> list[str]:
             done.append("packed_attention")
     if p.fast_dropout:
         from swiftlite.training.speedups.fast_dropout import use_fast_dropout
-        fast = use_fast_dropout(model)
-        if fast:
+        if use_fast_dropout(model):
             done.append("fast_dropout")
-            if fast[0].rate != fast[0].p:
-                info(f"--fast_dropout: lora_dropout {fast[0].p} is drawn as {fast[0].threshold}/"
-                     f"{1 << fast[0].bits} = {fast[0].rate:.4g} (--fast_dropout false: exactly)")
     if p.fused_lora:
         from swiftlite.training.speedups.fused_lora import keep_frozen_outputs, use_fused_lora
         if use_fused_lora(model):

@@ -1,22 +1,26 @@
-"""LoRA dropout with a cheaper random mask (`--fast_dropout`, on by default).
+"""LoRA dropout drawn as the positions it drops (`--fast_dropout`, on by default).
 
 peft's LoRA dropout is `nn.Dropout`. On a CPU, torch draws its mask with `bernoulli_`: one
-32-bit Mersenne-Twister draw and a float comparison per element, about 70x the cost of the
-multiplication it feeds. A LoRA model draws one mask per adapted layer input (7 per decoder
-layer with all-linear targets), twice when gradient checkpointing recomputes the layer: on
-SmolLM2-135M that was 22% of a training step (torch profiler, 900 tokens, fp32).
+32-bit Mersenne-Twister draw and a float comparison per element, then a pass that multiplies by
+the mask, and backward multiplies the gradient by it again. A LoRA model draws one mask per
+adapted layer input (7 per decoder layer with all-linear targets), twice when gradient
+checkpointing recomputes the layer: on SmolLM2-135M that was 22% of a training step (torch
+profiler, 900 tokens, fp32).
 
-Here each 64-bit draw from the same torch generator gives the random bits of eight elements
-(8 bits each), and an element is dropped when its byte is below round(p * 256). That rounds
-the drop rate to a multiple of 1/256 (0.05 -> 13/256 = 0.0508); when rounding would move it by
-more than 2% of p (p = 0.01, say), 16 bits per element are drawn instead (four per draw, the
-rate exact to 1/65536). The kept values are scaled by the exact inverse of the keep rate, so
-the output is unbiased like nn.Dropout's. Because the bits come from torch's default
-generator, a seeded run is reproducible and checkpointing's RNG-state replay recomputes the
-same mask. The backward pass keeps a 1-byte mask instead of a float one.
+LoRA dropout rates are small (0.05 is the usual one), so most of that work is spent on elements
+that are kept. Here only the dropped elements are drawn: the gaps between them in the flattened
+input are geometric (the number of kept elements before the next drop, `floor(log(1 - u) /
+log(1 - p))` for a uniform u), so about p * n draws give the sorted flat positions of the drops,
+exactly the distribution of n independent drops with rate p. The forward pass scales (or, in
+fused_lora.py, copies) the input and zeroes those positions; backward zeroes them in the
+gradient; the positions (8 bytes each, about 0.4 byte per element at p = 0.05) are what is
+kept for backward instead of a mask.
 
-The masks differ from nn.Dropout's (another use of the random stream), so a run with it
-matches one without it in distribution, not bit for bit; with p = 0 both are the identity.
+The draws come from torch's default generator (in float64, so the longest gap is not cut off
+at float32's resolution), so a seeded run is reproducible and checkpointing's RNG-state replay
+recomputes the same drops. They use the random stream differently from nn.Dropout, so a run
+with it matches one without it in distribution, not bit for bit; at p = 0 both are the
+identity. The cost grows with p: at high rates (p >= 0.5, say) torch's kernel is cheaper.
 """
 from __future__ import annotations
 
@@ -24,43 +28,47 @@ import math
 
 import torch
 
-RATE_TOLERANCE = 0.02  # relative change of p that 8-bit masks may make
 
+def drop_positions(n: int, p: float, draws: int | None = None) -> torch.Tensor:
+    """Sorted int64 positions in range(n), each dropped independently with probability p.
 
-def mask_bits(p: float) -> tuple[int, int]:
-    """(bits per element, threshold): an element is dropped when its bits are < threshold."""
-    for bits in (8, 16):
-        threshold = round(p * (1 << bits))
-        if abs(threshold / (1 << bits) - p) <= RATE_TOLERANCE * p:
-            break
-    return bits, threshold
+    `draws`: how many gaps to draw first (default: enough for all but about one call in 10^9;
+    more are drawn while the positions have not passed n)."""
+    if n == 0:
+        return torch.empty(0, dtype=torch.int64)
+    mean = n * p
+    if draws is None:
+        draws = min(n, math.ceil(mean + 6 * math.sqrt(mean * (1 - p)) + 16))
+    log_keep = math.log1p(-p)
+    parts, end = [], -1  # end: the last position drawn so far
+    while end < n:
+        u = torch.rand(draws, dtype=torch.float64)
+        # floor(log(1 - u) / log(1 - p)) kept elements before each drop, then the drop itself
+        steps = torch.log1p(-u).div_(log_keep).floor_().to(torch.int64).add_(1)
+        part = torch.cumsum(steps, 0).add_(end)
+        parts.append(part)
+        end = int(part[-1])
+    positions = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return positions[:int(torch.searchsorted(positions, n))]
 
 
 class _DropScale(torch.autograd.Function):
-    """x * scale where drop is False, 0 where it is True (gradient likewise)."""
+    """x * scale with the dropped positions zeroed (the gradient likewise)."""
 
     @staticmethod
-    def forward(ctx, x, drop, scale):
-        ctx.save_for_backward(drop)
+    def forward(ctx, x, positions, scale):
+        ctx.save_for_backward(positions)
         ctx.scale = scale
-        return torch.where(drop, 0.0, x * scale)
+        out = x * scale
+        out.view(-1).index_fill_(0, positions, 0.0)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
-        (drop,) = ctx.saved_tensors
-        return torch.where(drop, 0.0, grad * ctx.scale), None, None
-
-
-def drop_mask(shape, bits: int, threshold: int) -> torch.Tensor:
-    """A bool mask (True = drop) with P(True) = threshold / 2**bits."""
-    n = math.prod(shape)
-    per_word = 64 // bits
-    words = torch.empty((n + per_word - 1) // per_word, dtype=torch.int64)
-    words.random_(-2**63, 2**63 - 1)  # every bit uniform
-    if bits == 8:
-        return words.view(torch.uint8)[:n].view(shape) < threshold
-    # int16 is signed: values run from -32768, so shift the threshold by as much
-    return words.view(torch.int16)[:n].view(shape) < threshold - (1 << 15)
+        (positions,) = ctx.saved_tensors
+        grad = grad * ctx.scale
+        grad.view(-1).index_fill_(0, positions, 0.0)
+        return grad, None, None
 
 
 class FastDropout(torch.nn.Module):
@@ -71,26 +79,23 @@ class FastDropout(torch.nn.Module):
         if not 0 <= p < 1:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p = p
-        self.bits, self.threshold = mask_bits(p)
-        self.rate = self.threshold / (1 << self.bits)  # the drop rate the masks really have
-        self.keep_scale = 1 / (1 - self.rate)  # what kept values are multiplied by
+        self.keep_scale = 1 / (1 - p)  # what kept values are multiplied by
 
-    def mask(self, shape) -> torch.Tensor | None:
-        """The drop mask of a training forward over `shape` (None: nothing to drop)."""
-        if not self.training or self.threshold == 0:
+    def positions(self, shape) -> torch.Tensor | None:
+        """The flat positions a training forward over `shape` drops (None: nothing to drop)."""
+        if not self.training or self.p == 0:
             return None
-        return drop_mask(shape, self.bits, self.threshold)
+        return drop_positions(math.prod(shape), self.p)
 
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
         if x.device.type != "cpu":  # GPU bernoulli is cheap (Philox); keep the stock kernel
             return torch.nn.functional.dropout(x, self.p, True)
-        drop = self.mask(x.shape)
-        return x if drop is None else _DropScale.apply(x, drop, self.keep_scale)
+        return _DropScale.apply(x.contiguous(), self.positions(x.shape), self.keep_scale)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}, drawn as {self.threshold}/{1 << self.bits} = {self.rate:.4g}"
+        return f"p={self.p}, drawn as drop positions"
 
 
 def use_fast_dropout(model) -> list[FastDropout]:

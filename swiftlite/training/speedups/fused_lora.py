@@ -41,20 +41,23 @@ class _LoraBranch(torch.autograd.Function):
     rank-r activation h, so no pass over x multiplies by it."""
 
     @staticmethod
-    def forward(ctx, x, a, b, scale, drop):
+    def forward(ctx, x, a, b, scale, dropped):
         x2 = x.reshape(-1, x.shape[-1])  # (tokens, features)
-        xd = x2 if drop is None else torch.where(drop.view(x2.shape), 0.0, x2)
+        xd = x2
+        if dropped is not None:  # flat positions to zero (fast_dropout.py)
+            xd = x2.clone(memory_format=torch.contiguous_format)
+            xd.view(-1).index_fill_(0, dropped, 0.0)
         h = torch.mm(xd, a.t()).mul_(scale)  # (tokens, r)
-        # The dropped input rather than x, so backward need not redo the masking pass (the mask
-        # is kept too, for the input gradient). With checkpointing these live only while their
+        # The dropped input rather than x, so backward need not drop again (the positions are
+        # kept too, for the input gradient). With checkpointing these live only while their
         # decoder layer is recomputed and back-propagated.
-        ctx.save_for_backward(xd, a, b, h, drop)
+        ctx.save_for_backward(xd, a, b, h, dropped)
         ctx.scale, ctx.x_shape = scale, x.shape
         return torch.mm(h, b.t()).view(*x.shape[:-1], b.shape[0])
 
     @staticmethod
     def backward(ctx, grad):
-        xd, a, b, h, drop = ctx.saved_tensors
+        xd, a, b, h, dropped = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1])
         # The transposed products: the same values in the layout oneDNN is fast at (see above).
         grad_b = torch.mm(h.t(), g).t() if ctx.needs_input_grad[2] else None
@@ -63,8 +66,8 @@ class _LoraBranch(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:  # not in the first layer: nothing upstream learns
             grad_x = torch.mm(gh, a)
-            if drop is not None:
-                grad_x.masked_fill_(drop.view(grad_x.shape), 0.0)
+            if dropped is not None:
+                grad_x.view(-1).index_fill_(0, dropped, 0.0)
             grad_x = grad_x.view(ctx.x_shape)
         return grad_x, grad_a, grad_b, None, None
 
@@ -111,12 +114,13 @@ def _fused_forward(self, x, *args, **kwargs):
     name = _plain(self, x, args, kwargs)
     if name is None:
         return self._peft_forward(x, *args, **kwargs)
-    dropout, scale, drop = self.lora_dropout[name], self.scaling[name], None
+    dropout, scale, dropped = self.lora_dropout[name], self.scaling[name], None
     if isinstance(dropout, FastDropout):
-        drop = dropout.mask(x.shape)
-        if drop is not None:
+        dropped = dropout.positions(x.shape)
+        if dropped is not None:
             scale *= dropout.keep_scale
-    lora = _LoraBranch.apply(x, self.lora_A[name].weight, self.lora_B[name].weight, scale, drop)
+    lora = _LoraBranch.apply(x, self.lora_A[name].weight, self.lora_B[name].weight, scale,
+                             dropped)
     # The base matmul after the adapter branch, so checkpointing's recompute can stop before it
     # (see above). A bf16 base (fp32 activations, see fp32_activations.py) returns bf16 and the sum
     # with the fp32 branch is fp32: no separate pass to cast the base output.
