@@ -25,6 +25,11 @@ def test_fast_dropout_is_dropout():
     torch.testing.assert_close(x.grad, (~dropped).float() / 0.9)
     torch.manual_seed(0)
     assert torch.equal(drop(x), y)  # same seed, same drops
+    g = torch.randn(1000, 300)
+    x.grad = None
+    torch.manual_seed(0)
+    drop(x).backward(g.t())  # a transposed gradient: the positions count in row-major order
+    torch.testing.assert_close(x.grad, torch.where(dropped, 0.0, g.t() / 0.9))
     ones = torch.ones(2000, 2000)
     assert drop(ones).mean().item() == pytest.approx(1.0, abs=0.003)  # unbiased
     small = FastDropout(0.01).train()(ones)

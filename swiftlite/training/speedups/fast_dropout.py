@@ -66,7 +66,7 @@ class _DropScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (positions,) = ctx.saved_tensors
-        grad = grad * ctx.scale
+        grad = grad.contiguous() * ctx.scale  # row-major, as the positions count
         grad.view(-1).index_fill_(0, positions, 0.0)
         return grad, None, None
 
