@@ -89,7 +89,9 @@ def test_fused_lora_equals_peft_and_skips_the_last_recomputed_matmul(tiny_qwen2,
     batch = collator(tok, True)([dict(s) for s in samples])
     results = {}
     for fused in (False, True):
-        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3, fused_lora=fused)
+        # the adapters' matmuls in fp32, as peft's: bf16 ones have a test of their own
+        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3, fused_lora=fused,
+                            bf16_lora_matmuls=False)
         results[fused] = _loss_grads_matmuls(model, batch)
     (loss, grads, fwd, bwd), (loss_f, grads_f, fwd_f, bwd_f) = results[False], results[True]
     # fp32: rounding only. bf16: a rounding-level change of an fp32 activation can move the
@@ -116,6 +118,47 @@ def test_fused_lora_gradients_without_checkpointing_or_dropout(tiny_qwen2):
             results.append(_loss_grads_matmuls(model, batch))
         assert results[1][0] == pytest.approx(results[0][0], rel=1e-6)
         _assert_close_grads(results[0][1], results[1][1])
+
+
+def test_bf16_lora_matmuls_learn_like_fp32_ones(tiny_qwen2):
+    """--bf16_lora_matmuls (a bf16 base with fp32 activations): the adapters' products take
+    bf16 inputs. With the same dropout drops, the first step's gradients agree with fp32
+    adapter matmuls to bf16's rounding of the adapter's own terms; and over 12 AdamW steps the
+    per-step and final losses stay as close to an all-fp32 model's as the bf16 base alone
+    keeps them (fp32 adapter matmuls on the same bf16 base), within a factor of 2."""
+    from swiftlite.training.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    batch = collator(tok, True)([dict(s) for s in samples])
+    runs = {}
+    for name, dtype, bf16 in (("bf16 matmuls", "bfloat16", True),
+                              ("fp32 matmuls", "bfloat16", False), ("fp32 model", "float32", False)):
+        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.1, bf16_lora_matmuls=bf16)
+        dtypes = {m._mm_dtype for m in model.modules() if hasattr(m, "_mm_dtype")}
+        assert dtypes == ({torch.bfloat16} if bf16 else {None})
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+        torch.manual_seed(3)
+        losses, first_grads = [], None
+        for _ in range(12):
+            loss = model(**batch).loss
+            loss.backward()
+            first_grads = first_grads or _grads(model)
+            losses.append(loss.item())
+            opt.step()
+            opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            final = model(**batch).loss.item()
+        runs[name] = losses, first_grads, final
+    _assert_close_grads(runs["fp32 matmuls"][1], runs["bf16 matmuls"][1], rtol=2e-2)
+    ref_losses, _, ref_final = runs["fp32 model"]
+    assert ref_losses[0] - ref_final > 0.3, ref_losses  # it learns
+
+    def off(name):  # (largest per-step, final) distance from the all-fp32 run
+        losses, _, final = runs[name]
+        return max(abs(x - y) for x, y in zip(losses, ref_losses)), abs(final - ref_final)
+    (step_bf16, final_bf16), (step_base, final_base) = off("bf16 matmuls"), off("fp32 matmuls")
+    assert step_bf16 <= 2 * step_base + 1e-3, runs
+    assert final_bf16 <= 2 * final_base + 1e-3, runs
 
 
 def test_fused_lora_leaves_other_cases_to_peft(tiny_qwen2):

@@ -173,6 +173,9 @@ class TrainArguments:
     fp32_activations: bool = arg(True, "with --torch_dtype bfloat16 on a CPU: bf16 matmuls but "
                                  "fp32 activations, so small LoRA updates are not rounded away; "
                                  "false: all-bf16 activations", group="train")
+    bf16_lora_matmuls: bool = arg(True, "with --fp32_activations and --fused_lora: the LoRA "
+                                  "adapters' matmuls take bf16 inputs too (fp32 sums, weights and "
+                                  "gradients); false: fp32 adapter matmuls", group="train")
 
 
 @dataclass

@@ -6,6 +6,7 @@ apply; docs/performance.md has what each buys):
   fast_dropout             --fast_dropout: LoRA dropout drawn as the positions it drops (CPU)
   fused_lora               --fused_lora: each LoRA layer as one autograd function (CPU)
   fp32_activations         --fp32_activations: bf16 frozen matmuls, fp32 activations (CPU)
+                           --bf16_lora_matmuls: the fused adapters' matmuls in bf16 too
   chunked_loss             --chunked_loss: LM head only at trained positions (the Trainer's)
 
 `plan` decides which apply to this model, arguments and device; `apply` installs them on the
@@ -27,6 +28,7 @@ class Plan:
     fast_dropout: bool
     fused_lora: bool
     fp32_activations: bool
+    bf16_lora_matmuls: bool = False
     reentrant_checkpointing: bool = False
 
 
@@ -69,7 +71,9 @@ def plan(model, args, device: str) -> Plan:
         # --attn_impl given: the user's attention implementation, as it is
         packed_attention=args.padding_free and not args.attn_impl,
         selective_checkpointing=selective, fast_dropout=lora and args.fast_dropout,
-        fused_lora=fused, fp32_activations=fp32_act, reentrant_checkpointing=reentrant)
+        fused_lora=fused, fp32_activations=fp32_act,
+        bf16_lora_matmuls=fused and fp32_act and args.bf16_lora_matmuls,
+        reentrant_checkpointing=reentrant)
 
 
 def _zero3_needs_reentrant(zero3: bool) -> bool:
@@ -109,8 +113,10 @@ def apply(model, p: Plan) -> list[str]:
             done.append("fast_dropout")
     if p.fused_lora:
         from swiftlite.training.speedups.fused_lora import keep_frozen_outputs, use_fused_lora
-        if use_fused_lora(model):
+        if use_fused_lora(model, p.bf16_lora_matmuls):
             done.append("fused_lora")
+            if p.bf16_lora_matmuls:
+                done.append("bf16_lora_matmuls")
         if p.selective_checkpointing:
             keep_frozen_outputs(model)
     if p.selective_checkpointing:

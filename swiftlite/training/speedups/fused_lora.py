@@ -10,17 +10,20 @@ base matmul). Here the adapter branch is one autograd function that computes its
 the fast layouts, scales the small rank-r activation instead of the large output, and skips the
 input gradient where nothing upstream needs it (the first layer).
 
-The frozen base matmul is an autograd function that saves nothing (its weight is a frozen
-parameter, referenced rather than saved) and runs after the adapter branch. So when gradient
-checkpointing recomputes a decoder layer, torch stops the recompute once the last saved tensor
-is back, before the layer's final matmul (down_proj), which peft's order makes it redo for
-nothing: 1 of the 7 frozen matmuls of a layer, about a quarter of its FLOPs. With
---selective_checkpointing the other base outputs are kept from the forward pass (bf16 on a bf16
-base) and handed to the recompute instead of multiplying again: no frozen matmul is recomputed,
-for memory of one output per frozen matmul and token (keep_frozen_outputs below).
+The frozen base matmul and the branch are one function too, whose sum is the branch's last
+matmul accumulating into the base output (and likewise the input gradients in backward), so
+autograd adds no pass of its own. The exception is the last LoRA layer of each checkpointable
+decoder layer (down_proj): there the base matmul is a function that saves nothing (its weight is
+a frozen parameter, referenced rather than saved) and runs after the adapter branch. So when
+gradient checkpointing recomputes a decoder layer, torch stops the recompute once the last
+saved tensor is back, before that final matmul, which peft's order makes it redo for nothing: 1
+of the 7 frozen matmuls of a layer, about a quarter of its FLOPs. With --selective_checkpointing
+the other base outputs are kept from the forward pass (bf16 on a bf16 base) and handed to the
+recompute instead of multiplying again: no frozen matmul is recomputed, for memory of one
+output per frozen matmul and token (keep_frozen_outputs below).
 
 The numbers equal peft's to float rounding (same dropout masks: the mask is drawn from the same
-generator at the same point); tests/test_speedups.py checks loss and gradients. Anything the
+generator at the same point); tests/test_fused_lora.py checks loss and gradients. Anything the
 plain case does not cover (merged or disabled adapters, several adapters, DoRA and other
 variants, lora bias, torch's own dropout with --fast_dropout false, GPUs, DeepSpeed ZeRO-3's
 partitioned weights, eval mode) goes through peft's forward unchanged.
@@ -34,42 +37,87 @@ import torch
 from swiftlite.training.speedups.fast_dropout import FastDropout
 
 
-class _LoraBranch(torch.autograd.Function):
-    """scaling * dropout(x) @ A^T @ B^T, with the gradients of x, A and B.
+class _LoraLinear(torch.autograd.Function):
+    """x @ W^T (+ bias) + scaling * dropout(x) @ A^T @ B^T, with the gradients of x, A and B;
+    without a frozen weight W, the adapter branch alone.
 
     Dropout zeroes the dropped elements here and its 1/keep scale joins the LoRA scaling on the
-    rank-r activation h, so no pass over x multiplies by it."""
+    rank-r activation h, so no pass over x multiplies by it. The frozen matmul's output (bf16 on
+    a bf16 base, see fp32_activations.py) is cast to the activations' dtype once and the branch
+    is added into it by its last matmul (`addmm_`); backward likewise adds the branch's input
+    gradient into the frozen matmul's. Separate functions summed by autograd would spend two
+    passes on each sum (on CPU a bf16 + fp32 add first casts its bf16 input in a pass of its own).
+
+    `mm_dtype` bf16 with fp32 activations (--bf16_lora_matmuls): the adapter's products that
+    read a whole activation (x @ A^T and the three gradients with it) take bf16 inputs, the
+    same bf16 copies of x and of the output gradient that the frozen matmul uses, and
+    accumulate in fp32; h, the sums into the output and the input gradient, and the weights
+    and their gradients stay fp32 (the rounding is relative to the adapter's own terms, not to
+    the base output, so small updates are not rounded away). Otherwise mm_dtype is x's dtype
+    and nothing is cast."""
 
     @staticmethod
-    def forward(ctx, x, a, b, scale, dropped):
+    def forward(ctx, x, a, b, scale, dropped, mm_dtype, frozen):
+        """`dropped`: flat positions of x to zero (fast_dropout.py), or None. `frozen`: None for
+        the adapter branch alone, else (weight, bias, kept, keep); for --selective_checkpointing
+        (keep_frozen_outputs) `kept` is the frozen matmul's output kept from the forward pass
+        (None: multiply), and `keep` returns it as the second output, to keep it for the
+        recompute (else the second output is None)."""
+        ctx.set_materialize_grads(False)  # no zeros for the second output's gradient
         x2 = x.reshape(-1, x.shape[-1])  # (tokens, features)
-        xd = x2
-        if dropped is not None:  # flat positions to zero (fast_dropout.py)
-            xd = x2.clone(memory_format=torch.contiguous_format)
+        xm = x2.to(mm_dtype)  # x itself when no cast is asked for
+        xd = xm
+        if dropped is not None:
+            xd = xm.clone(memory_format=torch.contiguous_format)
             xd.view(-1).index_fill_(0, dropped, 0.0)
-        h = torch.mm(xd, a.t()).mul_(scale)  # (tokens, r)
+        # (tokens, r), from A @ x^T: oneDNN's fast layout for this product
+        h = torch.mm(a.to(mm_dtype), xd.t()).t().to(x.dtype).mul_(scale)
         # The dropped input rather than x, so backward need not drop again (the positions are
         # kept too, for the input gradient). With checkpointing these live only while their
         # decoder layer is recomputed and back-propagated.
         ctx.save_for_backward(xd, a, b, h, dropped)
-        ctx.scale, ctx.x_shape = scale, x.shape
-        return torch.mm(h, b.t()).view(*x.shape[:-1], b.shape[0])
+        ctx.scale, ctx.x_shape, ctx.mm_dtype = scale, x.shape, mm_dtype
+        ctx.weight = None if frozen is None else frozen[0]
+        shape = (*x.shape[:-1], b.shape[0])
+        if frozen is None:
+            return torch.mm(h, b.t()).view(shape), None
+        weight, bias, base, keep = frozen
+        if base is None:
+            base = torch.nn.functional.linear(xm.to(weight.dtype), weight, bias)
+        out = base.to(x.dtype, copy=keep).addmm_(h, b.t()).view(shape)
+        if not keep:
+            return out, None
+        ctx.mark_non_differentiable(base)
+        return out, base
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, _grad_base):
         xd, a, b, h, dropped = ctx.saved_tensors
+        w, mm = ctx.weight, ctx.mm_dtype
         g = grad.reshape(-1, grad.shape[-1])
+        gm = g.to(mm)
         # The transposed products: the same values in the layout oneDNN is fast at (see above).
-        grad_b = torch.mm(h.t(), g).t() if ctx.needs_input_grad[2] else None
-        gh = torch.mm(b.t().contiguous(), g.t()).t().mul_(ctx.scale)  # d loss / d (xd @ A^T)
-        grad_a = torch.mm(gh.t(), xd) if ctx.needs_input_grad[1] else None
+        grad_b = (torch.mm(h.t().to(mm), gm).t().to(g.dtype) if ctx.needs_input_grad[2]
+                  else None)
+        gh = torch.mm(b.t().to(mm).contiguous(), gm.t()).t()  # d loss / d (xd @ A^T) / scale
+        grad_a = (torch.mm(gh.t(), xd).to(g.dtype).mul_(ctx.scale) if ctx.needs_input_grad[1]
+                  else None)
         grad_x = None
         if ctx.needs_input_grad[0]:  # not in the first layer: nothing upstream learns
-            grad_x = torch.mm(gh, a)
-            if dropped is not None:
-                grad_x.view(-1).index_fill_(0, dropped, 0.0)
+            gh = gh.to(g.dtype).mul_(ctx.scale)
+            if w is None:
+                grad_x = torch.mm(gh, a)
+                if dropped is not None:
+                    grad_x.view(-1).index_fill_(0, dropped, 0.0)
+            else:
+                grad_x = torch.mm(gm.to(w.dtype), w).to(g.dtype)
+                # The branch's input was zeroed at the drops, so its gradient adds nothing there
+                at_drops = None if dropped is None else grad_x.view(-1)[dropped]
+                grad_x.addmm_(gh, a)
+                if at_drops is not None:
+                    grad_x.view(-1).index_copy_(0, dropped, at_drops)
             grad_x = grad_x.view(ctx.x_shape)
-        return grad_x, grad_a, grad_b, None, None
+        return grad_x, grad_a, grad_b, None, None, None, None
 
 
 class _FrozenLinear(torch.autograd.Function):
@@ -119,55 +167,72 @@ def _fused_forward(self, x, *args, **kwargs):
         dropped = dropout.positions(x.shape)
         if dropped is not None:
             scale *= dropout.keep_scale
-    lora = _LoraBranch.apply(x, self.lora_A[name].weight, self.lora_B[name].weight, scale,
-                             dropped)
-    # The base matmul after the adapter branch, so checkpointing's recompute can stop before it
-    # (see above). A bf16 base (fp32 activations, see fp32_activations.py) returns bf16 and the sum
-    # with the fp32 branch is fp32: no separate pass to cast the base output.
-    return _base_output(self, x) + lora
-
-
-def _base_output(layer, x):
-    """The frozen matmul, or its output kept from the forward pass when checkpointing
-    recomputes it (--selective_checkpointing: keep_frozen_outputs)."""
-    keep = layer._keep_output and torch.is_grad_enabled()
-    # Checkpointing recomputes a layer from inside backward, where a graph task is running.
-    in_backward = keep and torch._C._current_graph_task_id() != -1
-    if in_backward and layer._kept is not None:
-        kept, layer._kept = layer._kept, None
-        return kept
-    base = layer.base_layer
-    out = _FrozenLinear.apply(x, base.weight, base.bias)
-    if keep and not in_backward:
-        layer._kept = out.detach()
+    a, b, base = self.lora_A[name].weight, self.lora_B[name].weight, self.base_layer
+    mm_dtype = self._mm_dtype or x.dtype
+    if self._base_last:
+        # The base matmul after the adapter branch and in a function of its own that saves
+        # nothing, so checkpointing's recompute stops before it (see above).
+        lora, _ = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype, None)
+        return _FrozenLinear.apply(x, base.weight, base.bias) + lora
+    keep, kept = _kept_output(self)
+    out, frozen = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype,
+                                    (base.weight, base.bias, kept, keep))
+    if keep:
+        self._kept = frozen
     return out
 
 
-def use_fused_lora(model) -> int:
-    """Route the training forward of peft's LoRA Linear layers through _LoraBranch; returns how
-    many layers."""
+def _kept_output(layer):
+    """(keep, kept) for --selective_checkpointing: whether to keep this call's frozen matmul
+    output for the recompute, and the output kept for this call (None: multiply)."""
+    if not (layer._keep_output and torch.is_grad_enabled()):
+        return False, None
+    # Checkpointing recomputes a layer from inside backward, where a graph task is running.
+    if torch._C._current_graph_task_id() != -1:
+        kept, layer._kept = layer._kept, None
+        return False, kept
+    return True, None
+
+
+def use_fused_lora(model, bf16_matmuls: bool = False) -> int:
+    """Route the training forward of peft's LoRA Linear layers through _LoraLinear; returns how
+    many layers. The last one of each checkpointed decoder layer (down_proj) runs its frozen
+    matmul after the adapter branch, on its own (see above). `bf16_matmuls`: the adapter's
+    products in bf16 on layers with a bf16 base (--bf16_lora_matmuls)."""
     from peft.tuners.lora.layer import Linear
     n = 0
     for module in model.modules():
         if type(module) is Linear and "_peft_forward" not in vars(module):
             module._peft_forward = module.forward
             module.forward = types.MethodType(_fused_forward, module)
-            module._keep_output, module._kept = False, None
+            module._keep_output, module._kept, module._base_last = False, None, False
+            module._mm_dtype = (torch.bfloat16 if bf16_matmuls
+                                and module.base_layer.weight.dtype == torch.bfloat16 else None)
             n += 1
+    for block in _checkpointed_layers(model):
+        block[-1]._base_last = True
     return n
+
+
+def _checkpointed_layers(model):
+    """The fused LoRA layers of each checkpointable decoder layer, in registration order, which
+    is the forward's (q ... down)."""
+    from peft.tuners.lora.layer import Linear
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    for block in model.modules():
+        if isinstance(block, GradientCheckpointingLayer):
+            fused = [m for m in block.modules() if type(m) is Linear and "_peft_forward" in vars(m)]
+            if fused:
+                yield fused
 
 
 def keep_frozen_outputs(model) -> int:
     """--selective_checkpointing with fused LoRA layers: each checkpointed decoder layer keeps
     its base outputs from the forward pass for the recompute, except the layer's last one
     (down_proj), which the recompute never reaches. Returns how many layers keep theirs."""
-    from peft.tuners.lora.layer import Linear
-    from transformers.modeling_layers import GradientCheckpointingLayer
     n = 0
-    for block in model.modules():
-        if isinstance(block, GradientCheckpointingLayer):
-            fused = [m for m in block.modules() if type(m) is Linear and "_peft_forward" in vars(m)]
-            for m in fused[:-1]:  # in registration order, which is the forward's (q ... down)
-                m._keep_output = True
-                n += 1
+    for fused in _checkpointed_layers(model):
+        for m in fused[:-1]:
+            m._keep_output = True
+            n += 1
     return n
