@@ -249,11 +249,16 @@ def test_zero1_two_nodes_by_env_vars_train_together(single, tmp_path):
 
 @pytest.mark.slow
 def test_zero2_deepspeed_launcher_matches_single_process(single, tmp_path):
+    """Also: the shared-memory buffers of DeepSpeed's CPU all-reduce, which its launcher's
+    ranks create in /dev/shm (67 MB each) and never remove, are gone after the run."""
+    import glob
+    port = free_port()
     run(["bash", "scripts/deepspeed_launcher.sh", "--per_device_train_batch_size", "2",
          "--save_steps", "100", *TRAIN[4:]],
-        child_env(DEEPSPEED="zero2", DS_ARGS="--num_gpus 2", MASTER_PORT=free_port(),
+        child_env(DEEPSPEED="zero2", DS_ARGS="--num_gpus 2", MASTER_PORT=port,
                   OUTPUT_DIR=tmp_path))
     assert_same_losses(losses(the_run_dir(tmp_path)), single)
+    assert not glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*")
 
 
 @pytest.mark.slow

@@ -268,6 +268,9 @@ def _run(args: SftArguments) -> SftResult:
     try:
         with oom_guard(args, hw):  # the Trainer moves the model to the GPU: it may not fit
             trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
+        if args.deepspeed:  # its communication backend is set up by now
+            from swiftlite.training.deepspeed import release_shm_buffer
+            release_shm_buffer()
     except BaseException:
         remove_if_empty(run_dir)
         raise

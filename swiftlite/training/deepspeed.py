@@ -246,6 +246,23 @@ def _single_process_env() -> None:
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
 
 
+def release_shm_buffer() -> None:
+    """DeepSpeed's CPU all-reduce (its ops/csrc/cpu/comm/shm.cpp) gives each rank of a
+    one-node run whose launcher sets LOCAL_SIZE (the `deepspeed` launcher does) a shared-memory
+    buffer, /dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>, of 67 MB, and never
+    removes it: every such run would keep world size x 67 MB of RAM taken until a reboot. The
+    backend's init returns once its rank has mapped every other rank's buffer, so after a
+    barrier no rank needs a name any more: each removes its own. The mappings stay valid, and
+    the memory is freed when the ranks exit, however they exit."""
+    from swiftlite.runtime.distributed import barrier
+    env = os.environ
+    path = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_"
+            f"{env.get('MASTER_PORT', '')}_{env.get('RANK', '0')}")
+    barrier()  # every rank: whether a buffer exists is the same on all of them
+    if os.path.exists(path):
+        os.unlink(path)
+
+
 def saved_world_size(ckpt_dir: str) -> int | None:
     """How many data-parallel processes wrote this DeepSpeed checkpoint (None: not one)."""
     steps = sorted(glob.glob(os.path.join(ckpt_dir, "global_step*")))
