@@ -9,8 +9,9 @@ fp32 (seen on SmolLM2-135M: +1% loss after 4 steps). Here each frozen Linear cas
 to bf16, multiplies in bf16, and returns fp32, so the residual stream, norms, attention, the
 LoRA sums and the loss stay fp32 while the matmuls that dominate the cost run in bf16
 (what autocast does on GPUs, without casting the weights on every call). Fused LoRA layers
-(fused_lora.py) do the same for their base matmul themselves, adding its bf16 output to the
-fp32 adapter branch in one fp32 sum.
+(fused_lora.py) do the same for their base matmul themselves: its bf16 output is cast to fp32
+once and the adapter branch is accumulated into it (and with --bf16_lora_matmuls the adapter's
+own products read the same bf16 copy of the input).
 """
 from __future__ import annotations
 
