@@ -174,8 +174,9 @@ class TrainArguments:
                                  "fp32 activations, so small LoRA updates are not rounded away; "
                                  "false: all-bf16 activations", group="train")
     bf16_lora_matmuls: bool = arg(True, "with --fp32_activations and --fused_lora: the LoRA "
-                                  "adapters' matmuls take bf16 inputs too (fp32 sums, weights and "
-                                  "gradients); false: fp32 adapter matmuls", group="train")
+                                  "adapters' matmuls take bf16 inputs too, their results rounded "
+                                  "to bf16 once (sums, weights and optimizer state stay fp32); "
+                                  "false: fp32 adapter matmuls", group="train")
 
 
 @dataclass

@@ -50,11 +50,12 @@ class _LoraLinear(torch.autograd.Function):
 
     `mm_dtype` bf16 with fp32 activations (--bf16_lora_matmuls): the adapter's products that
     read a whole activation (x @ A^T and the three gradients with it) take bf16 inputs, the
-    same bf16 copies of x and of the output gradient that the frozen matmul uses, and
-    accumulate in fp32; h, the sums into the output and the input gradient, and the weights
-    and their gradients stay fp32 (the rounding is relative to the adapter's own terms, not to
-    the base output, so small updates are not rounded away). Otherwise mm_dtype is x's dtype
-    and nothing is cast."""
+    same bf16 copies of x and of the output gradient that the frozen matmul uses, accumulate
+    in fp32 and round their results (h, the weight gradients) to bf16 once; those are then held
+    in fp32, and the sums into the output and the input gradient, the weights and the optimizer
+    state are fp32 throughout (the rounding is relative to the adapter's own terms, not to the
+    base output, so small updates are not rounded away). Otherwise mm_dtype is x's dtype and
+    nothing is cast."""
 
     @staticmethod
     def forward(ctx, x, a, b, scale, dropped, mm_dtype, frozen):
