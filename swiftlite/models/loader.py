@@ -47,6 +47,9 @@ def load_model(model_dir: str, dtype: str, *, trust_remote_code: bool = False,
     """A causal LM loaded directly in `dtype` (no fp32 copy first); `quantization`: a
     BitsAndBytesConfig (quantization_config) for a 4/8-bit frozen base."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from swiftlite.runtime.allocator import bound_onednn_caches
+    bound_onednn_caches()  # before the model's first matmul
     try:
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except ValueError as e:

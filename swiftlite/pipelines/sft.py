@@ -174,6 +174,9 @@ def _run(args: SftArguments) -> SftResult:
     # from another machine says why it chose what it did.
     where = f"cpu ({hardware.describe_cpu()})" if hw.device == "cpu" else hw.device
     info(f"training on {where} in {dtype}{how}")
+    if hw.device == "cpu":
+        from swiftlite.runtime.allocator import describe_onednn_caches
+        info(describe_onednn_caches())
 
     # 1. Data: read and validate every row before loading anything heavy; unless these very
     # files were read and encoded before (data.manifest), then the model comes first.

@@ -71,6 +71,31 @@ def reexec_with_tcmalloc(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "swiftlite.cli", *argv], env)
 
 
+# oneDNN, which runs torch's bf16 matmuls on a CPU, keeps a compiled primitive per matmul
+# shape, and ideep, the layer torch calls it through, keeps one more; each cache holds 1,024
+# entries by default, about 0.6 MB per new token count for SmolLM2-135M's layer shapes. A
+# padding-free batch has a new token count nearly every step, so memory grew all run long
+# (30 steps: +380 MB). A step needs about 16 shapes; building a primitive again takes under a
+# millisecond. Both caches read their size from the environment when first used.
+ONEDNN_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+ONEDNN_CACHE_ENTRIES = 64
+
+
+def bound_onednn_caches() -> None:
+    """Bound oneDNN's and ideep's primitive caches (a user's own setting wins). Takes effect
+    if called before this process's first oneDNN matmul: loading a model does it."""
+    for name in ONEDNN_CACHES:
+        os.environ.setdefault(name, str(ONEDNN_CACHE_ENTRIES))
+
+
+def describe_onednn_caches() -> str:
+    """One line for a CPU run's log: the primitive caches' size and where it comes from."""
+    sizes = {name: os.environ.get(name, str(ONEDNN_CACHE_ENTRIES)) for name in ONEDNN_CACHES}
+    return ("oneDNN primitive caches: " + ", ".join(f"{n}={v}" for n, v in sizes.items())
+            + " (bounded: one entry per matmul shape, and a padding-free batch brings new shapes"
+              " every step)")
+
+
 def describe() -> str:
     """One line for the run log: which allocator, and how to change it."""
     if not sys.platform.startswith("linux"):

@@ -36,14 +36,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             # fp32 hidden states with a bf16 head (precision.fp32_activations): bf16 matmul
             h, y = hidden[start:start + chunk].to(weight.dtype), targets[start:start + chunk]
-            logits = (h @ weight.t()).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            total += (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
+            logits = h @ weight.t()
+            # log-probabilities in fp32 (16-bit logits upcast, like the model's own loss), and
+            # their gradient softmax - one_hot in the head's dtype from the kernel that reads
+            # the logits (it computes in fp32): three passes over a chunk larger than the cache,
+            # where an fp32 copy, logsumexp, subtracting, exp and a cast back took about eight
+            total -= torch.log_softmax(logits, dim=-1, dtype=torch.float32).gather(
+                1, y[:, None]).sum()
             if need_h or need_w:
-                # d(sum CE)/d logits = softmax - one_hot, computed in place on the fp32 logits
-                g = logits.sub_(lse[:, None]).exp_()
+                g = torch.softmax(logits, dim=-1)
                 g[torch.arange(len(y), device=y.device), y] -= 1
-                g = g.to(weight.dtype)
                 if need_h:
                     grad_h[start:start + chunk] = g @ weight
                 if need_w:
