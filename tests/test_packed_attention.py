@@ -73,3 +73,48 @@ def test_gqa_is_left_to_sdpa_only_where_its_kernel_takes_it(device, dtype, capab
     import torch
     from swiftlite.training.speedups.packed_attention import gqa_in_kernel
     assert gqa_in_kernel(device, getattr(torch, dtype), capability) == expected
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kept_attention_equals_recomputed_and_runs_the_kernel_once_fewer(tiny_qwen2, dtype,
+                                                                        monkeypatch):
+    """--keep_attention: with checkpointing, the attention output kept from the forward pass is
+    what the recompute would have computed, bit for bit: the same loss and LoRA gradients (two
+    steps, LoRA dropout 0.3 replayed), with the forward kernel run once per sample and layer
+    instead of twice, and nothing left kept after backward."""
+    import torch
+
+    from swiftlite.training.speedups import keep_attention as ka
+    from swiftlite.training.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    batch = collator(tok, True)([dict(s) for s in samples])
+    calls = []
+    monkeypatch.setattr(ka, "_FORWARD", lambda *a, **k: calls.append(1) or
+                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*a, **k))
+    results = {}
+    for keep in (False, True):
+        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3, keep_attention=keep)
+        attention = [m for m in model.modules() if hasattr(m, "_keep_attention")]
+        assert len(attention) == (model.config.num_hidden_layers if keep else 0)
+        for step in (1, 2):
+            torch.manual_seed(step)
+            model.zero_grad()
+            calls.clear()
+            loss = model(**batch).loss
+            loss.backward()
+            results[keep, step] = loss.item(), _grads(model), len(calls)
+            assert all(m._kept_attention is None for m in attention)
+    layers, n = model.config.num_hidden_layers, len(samples)
+    for step in (1, 2):
+        (loss, grads, off_calls), (loss_k, grads_k, on_calls) = results[False, step], \
+            results[True, step]
+        assert loss_k == loss
+        _assert_close_grads(grads, grads_k, rtol=0)
+        assert off_calls == 0 and on_calls == layers * n  # off: stock SDPA, twice per layer
+
+
+def test_attention_is_kept_only_where_a_recompute_uses_it(tiny_qwen2):
+    """Not without checkpointing (nothing is recomputed), nor when told not to."""
+    for kw in ({"gradient_checkpointing": False}, {"keep_attention": False}):
+        model = _lora_model(tiny_qwen2, **kw)
+        assert not any(hasattr(m, "_keep_attention") for m in model.modules()), kw

@@ -151,6 +151,11 @@ class TrainArguments:
                                         "outputs of frozen matmuls instead of recomputing them "
                                         "(faster for a little memory per token: "
                                         "docs/performance.md)", group="train")
+    keep_attention: bool = arg(True, "on a CPU with --gradient_checkpointing and "
+                               "--padding_free: keep each layer's attention output from the "
+                               "forward pass for the recompute instead of running attention "
+                               "again (the same numbers, for memory per token: "
+                               "docs/performance.md)", group="train")
     deepspeed: Optional[Union[str, dict]] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
                                    "zero3_offload, auto (the fastest that fits, per swiftlite "
                                    "estimate), a JSON file or inline JSON", group="train")

@@ -2,6 +2,7 @@
 apply; docs/performance.md has what each buys):
 
   packed_attention         --padding_free: SDPA per packed sample, not one block mask
+  keep_attention           --keep_attention: attention's output kept for the recompute (CPU)
   selective_checkpointing  --selective_checkpointing: keep frozen matmul outputs
   fast_dropout             --fast_dropout: LoRA dropout drawn as the positions it drops (CPU)
   fused_lora               --fused_lora: each LoRA layer as one autograd function (CPU)
@@ -30,6 +31,7 @@ class Plan:
     fp32_activations: bool
     bf16_lora_matmuls: bool = False
     reentrant_checkpointing: bool = False
+    keep_attention: bool = False
 
 
 # DeepSpeed's fix (#8148) for ZeRO-3 under non-reentrant checkpointing: before it, frozen
@@ -67,13 +69,17 @@ def plan(model, args, device: str) -> Plan:
                  "aside (it works on plain linear layers); padding_free, chunked_loss and "
                  "fast_dropout stay on")
         fused = selective = fp32_act = False
+    # --attn_impl given: the user's attention implementation, as it is
+    packed = args.padding_free and not args.attn_impl
     return Plan(
-        # --attn_impl given: the user's attention implementation, as it is
-        packed_attention=args.padding_free and not args.attn_impl,
+        packed_attention=packed,
         selective_checkpointing=selective, fast_dropout=lora and args.fast_dropout,
         fused_lora=fused, fp32_activations=fp32_act,
         bf16_lora_matmuls=fused and fp32_act and args.bf16_lora_matmuls,
-        reentrant_checkpointing=reentrant)
+        reentrant_checkpointing=reentrant,
+        # in packed attention's CPU path, and only a recompute can use what it keeps
+        keep_attention=(packed and args.keep_attention and args.gradient_checkpointing
+                        and device == "cpu"))
 
 
 def _zero3_needs_reentrant(zero3: bool) -> bool:
@@ -107,6 +113,10 @@ def apply(model, p: Plan) -> list[str]:
         from swiftlite.training.speedups.packed_attention import use_packed_attention
         if use_packed_attention(model):
             done.append("packed_attention")
+            if p.keep_attention:
+                from swiftlite.training.speedups.keep_attention import keep_attention
+                if keep_attention(model):
+                    done.append("keep_attention")
     if p.fast_dropout:
         from swiftlite.training.speedups.fast_dropout import use_fast_dropout
         if use_fast_dropout(model):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from swiftlite.training.speedups import keep_attention
+
 NAME = "sdpa_packed"
 _HAS_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa
 
@@ -70,13 +72,18 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
         gqa = {"enable_gqa": True}  # SDPA reads the shared K/V heads itself: no copies
     elif groups > 1:
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    rows, segments = [], _row_segments(position_ids)
-    for b in range(query.shape[0]):
-        parts = [F.scaled_dot_product_attention(
-            query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
-            dropout_p=dropout, scale=scaling, is_causal=True, **gqa)
-            for s, e in segments[b if len(segments) > 1 else 0]]
-        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
+    segments = _row_segments(position_ids)
+    rows = [[(query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e])
+             for s, e in segments[b if len(segments) > 1 else 0]] for b in range(query.shape[0])]
+    if keep_attention.applies(module, query, dropout):
+        flat = iter(keep_attention.attention(module, [qkv for row in rows for qkv in row],
+                                             scaling))
+        outs = [[next(flat) for _ in row] for row in rows]
+    else:
+        outs = [[F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling,
+                                                is_causal=True, **gqa) for q, k, v in row]
+                for row in rows]
+    rows = [parts[0] if len(parts) == 1 else torch.cat(parts, dim=2) for parts in outs]
     out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
     return out.transpose(1, 2).contiguous(), None
 

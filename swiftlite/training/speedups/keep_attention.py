@@ -1,0 +1,73 @@
+"""Attention kept from the forward pass for checkpointing's recompute (`--keep_attention`, CPU).
+
+Gradient checkpointing keeps each decoder layer's input and runs the layer again inside
+backward, to rebuild what backward needs. For attention that means a second flash-attention
+forward, whose result is the first one's bit for bit: the recomputed q, k and v are the same
+numbers (checkpointing replays the random state too), and the kernel is deterministic. On a
+CPU that kernel runs at a fraction of the matmul rate (head dimension 64), so it is an
+expensive thing to redo for what it takes to keep: its output and the softmax's log-sum-exp
+per head, 4 x (hidden + heads) bytes per token and layer in fp32 (SmolLM2-135M: 70 KB per
+token over 30 layers, as much again as checkpointing keeps).
+
+Here packed_attention.py's per-sample attention calls CPU flash attention through _Attention,
+which in the first forward keeps (output, log-sum-exp) of each sample on the attention module,
+and in the recompute hands them back instead of running the kernel; backward is the kernel's
+own. Only under gradient checkpointing (nothing is recomputed otherwise), in training, without
+attention dropout; anything else runs SDPA as before.
+"""
+from __future__ import annotations
+
+import torch
+
+_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class _Attention(torch.autograd.Function):
+    """Causal flash attention of one sample, with its output given (`kept`) or computed."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, kept):
+        out, lse = kept if kept is not None else _FORWARD(q, k, v, 0.0, True, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.scale = scale
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad, _grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _BACKWARD(grad.contiguous(), q, k, v, out, lse, 0.0, True, scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def applies(module, query, dropout: float) -> bool:
+    """Whether this attention call keeps or reuses its result (see the module docstring)."""
+    return (getattr(module, "_keep_attention", False) and query.device.type == "cpu"
+            and dropout == 0.0 and module.training and torch.is_grad_enabled())
+
+
+def attention(module, segments, scale):
+    """Causal attention of each (q, k, v) in `segments` (one packed sample each, shared K/V
+    heads read by the kernel itself): computed and kept on `module` in the forward pass, handed
+    back in checkpointing's recompute, which runs inside backward (a graph task is running)."""
+    if torch._C._current_graph_task_id() == -1:  # the forward pass
+        outs = [_Attention.apply(q, k, v, scale, None) for q, k, v in segments]
+        module._kept_attention = [(o.detach(), lse) for o, lse in outs]
+        return [o for o, _ in outs]
+    # None: nothing kept (reentrant checkpointing runs the forward pass without gradients)
+    kept, module._kept_attention = module._kept_attention or [None] * len(segments), None
+    return [_Attention.apply(q, k, v, scale, pair)[0] for (q, k, v), pair in zip(segments, kept)]
+
+
+def keep_attention(model) -> int:
+    """Mark the attention modules of `model`'s checkpointable decoder layers; returns how many."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    n = 0
+    for block in model.modules():
+        if isinstance(block, GradientCheckpointingLayer):
+            attn = getattr(block, "self_attn", None)
+            if attn is not None:
+                attn._keep_attention, attn._kept_attention = True, None
+                n += 1
+    return n
