@@ -13,14 +13,14 @@ from swiftlite.config.arguments import SftArguments
 def _lora_model(model_dir, dtype="float32", gradient_checkpointing=True, seed=0, attn_impl=None,
                 fp32_activations=True, lora_dropout=0.0, fast_dropout=True,
                 selective_checkpointing=False, fused_lora=True, bf16_lora_matmuls=True,
-                keep_attention=True):
+                keep_attention=True, onednn_fp32=False):
     from swiftlite.models.loader import load_model
     from swiftlite.training.tuners import prepare_model
     torch.manual_seed(seed)
     args = SftArguments(model="x", dataset=["x"], lora_dropout=lora_dropout, attn_impl=attn_impl,
                         fast_dropout=fast_dropout, selective_checkpointing=selective_checkpointing,
                         fused_lora=fused_lora, bf16_lora_matmuls=bf16_lora_matmuls,
-                        keep_attention=keep_attention,
+                        keep_attention=keep_attention, onednn_fp32=onednn_fp32,
                         gradient_checkpointing=gradient_checkpointing,
                         fp32_activations=fp32_activations)
     model = prepare_model(load_model(model_dir, dtype), args)

@@ -156,6 +156,10 @@ class TrainArguments:
                                "forward pass for the recompute instead of running attention "
                                "again (the same numbers, for memory per token: "
                                "docs/performance.md)", group="train")
+    onednn_fp32: bool = arg(True, "on a CPU with an fp32 base: its matmuls (frozen layers in "
+                            "--fused_lora, LM head in --chunked_loss) through oneDNN when it is "
+                            "at least 1.2x torch's BLAS here, measured at start (on AVX-512 CPUs "
+                            "whose BLAS runs AVX2 code); false: torch's BLAS", group="train")
     deepspeed: Optional[Union[str, dict]] = arg(None, "DeepSpeed: zero0/zero1/zero2/zero3/zero2_offload/"
                                    "zero3_offload, auto (the fastest that fits, per swiftlite "
                                    "estimate), a JSON file or inline JSON", group="train")

@@ -9,6 +9,7 @@ apply; docs/performance.md has what each buys):
   fp32_activations         --fp32_activations: bf16 frozen matmuls, fp32 activations (CPU)
                            --bf16_lora_matmuls: the fused adapters' matmuls in bf16 too
   chunked_loss             --chunked_loss: LM head only at trained positions (the Trainer's)
+  onednn_fp32              --onednn_fp32: fp32 matmuls by oneDNN where faster than BLAS (CPU)
 
 `plan` decides which apply to this model, arguments and device; `apply` installs them on the
 model that will train (after LoRA wrapping); `checkpoint_kwargs` is what gradient
@@ -32,6 +33,7 @@ class Plan:
     bf16_lora_matmuls: bool = False
     reentrant_checkpointing: bool = False
     keep_attention: bool = False
+    onednn_fp32: bool = False
 
 
 # DeepSpeed's fix (#8148) for ZeRO-3 under non-reentrant checkpointing: before it, frozen
@@ -79,7 +81,8 @@ def plan(model, args, device: str) -> Plan:
         reentrant_checkpointing=reentrant,
         # in packed attention's CPU path, and only a recompute can use what it keeps
         keep_attention=(packed and args.keep_attention and args.gradient_checkpointing
-                        and device == "cpu"))
+                        and device == "cpu"),
+        onednn_fp32=args.onednn_fp32 and device == "cpu" and str(first.dtype) == "torch.float32")
 
 
 def _zero3_needs_reentrant(zero3: bool) -> bool:
@@ -131,6 +134,11 @@ def apply(model, p: Plan) -> list[str]:
             keep_frozen_outputs(model)
     if p.selective_checkpointing:
         done.append("selective_checkpointing")
+    if p.onednn_fp32:
+        from swiftlite.training.speedups import onednn_fp32
+        if onednn_fp32.use_onednn_fp32(model):
+            done.append("onednn_fp32")
+        info(onednn_fp32.describe())
     if p.fp32_activations:
         from swiftlite.training.speedups.fp32_activations import fp32_activations
         if fp32_activations(model):

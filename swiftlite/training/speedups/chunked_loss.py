@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from swiftlite.config.constants import IGNORE_INDEX, LOSS_CHUNK_ROWS as CHUNK
+from swiftlite.training.speedups import onednn_fp32
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -36,7 +37,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             # fp32 hidden states with a bf16 head (precision.fp32_activations): bf16 matmul
             h, y = hidden[start:start + chunk].to(weight.dtype), targets[start:start + chunk]
-            logits = h @ weight.t()
+            logits = onednn_fp32.linear(h, weight)
             # fp32 log-probabilities (16-bit logits upcast, like the model's own loss) in place,
             # in the logits themselves when they are fp32: one chunk-sized buffer, where
             # logsumexp and the subtraction on an fp32 copy took three (150 MB at 256 rows of a
@@ -51,7 +52,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 del logp
                 g[torch.arange(len(y), device=y.device), y] -= 1
                 if need_h:
-                    grad_h[start:start + chunk] = g @ weight
+                    grad_h[start:start + chunk] = onednn_fp32.linear(
+                        g, weight.t(), onednn=onednn_fp32.marked(weight))
                 if need_w:
                     grad_w += (g.t() @ h).float()
             del logits

@@ -34,6 +34,7 @@ import types
 
 import torch
 
+from swiftlite.training.speedups import onednn_fp32
 from swiftlite.training.speedups.fast_dropout import FastDropout
 
 
@@ -84,7 +85,7 @@ class _LoraLinear(torch.autograd.Function):
             return torch.mm(h, b.t()).view(shape), None
         weight, bias, base, keep = frozen
         if base is None:
-            base = torch.nn.functional.linear(xm.to(weight.dtype), weight, bias)
+            base = onednn_fp32.linear(xm.to(weight.dtype), weight, bias)
         out = base.to(x.dtype, copy=keep).addmm_(h, b.t()).view(shape)
         if not keep:
             return out, None
@@ -111,7 +112,8 @@ class _LoraLinear(torch.autograd.Function):
                 if dropped is not None:
                     grad_x.view(-1).index_fill_(0, dropped, 0.0)
             else:
-                grad_x = torch.mm(gm.to(w.dtype), w).to(g.dtype)
+                grad_x = onednn_fp32.linear(gm.to(w.dtype), w.t(),
+                                            onednn=onednn_fp32.marked(w)).to(g.dtype)
                 # The branch's input was zeroed at the drops, so its gradient adds nothing there
                 at_drops = None if dropped is None else grad_x.view(-1)[dropped]
                 grad_x.addmm_(gh, a)
@@ -129,7 +131,7 @@ class _FrozenLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.weight, ctx.x_dtype = weight, x.dtype
-        return torch.nn.functional.linear(x.to(weight.dtype), weight, bias)
+        return onednn_fp32.linear(x.to(weight.dtype), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
@@ -137,7 +139,8 @@ class _FrozenLinear(torch.autograd.Function):
             return None, None, None
         w = ctx.weight
         g = grad.reshape(-1, grad.shape[-1]).to(w.dtype)
-        return torch.mm(g, w).to(ctx.x_dtype).view(*grad.shape[:-1], w.shape[1]), None, None
+        grad_x = onednn_fp32.linear(g, w.t(), onednn=onednn_fp32.marked(w))
+        return grad_x.to(ctx.x_dtype).view(*grad.shape[:-1], w.shape[1]), None, None
 
 
 def _plain(layer, x, args, kwargs):
