@@ -18,8 +18,9 @@
   python scripts/bench_sft.py profile --steps 3 --variant default:torch_dtype=auto
 
 Every command first prints one {"machine": ...} line: the CPU, the flags that decide swiftlite's
-CPU dtype, the threads, and this machine's measured fp32 and bf16 matmul rates (GFLOP/s of a
-2048 x 2048 product, best of 5), so every figure says what it was measured on.
+CPU dtype, the threads, and this machine's measured matmul rates (fp32 by torch's BLAS and by
+oneDNN, and bf16; GFLOP/s of a 2048 x 2048 product, best of 5), so every figure says what it
+was measured on.
 """
 from __future__ import annotations
 
@@ -61,15 +62,19 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def matmul_gflops(dtype, n: int = 2048, repeats: int = 5) -> float:
-    """GFLOP/s of an n x n x n matmul in `dtype` on this CPU (best of `repeats`)."""
+def matmul_gflops(dtype, n: int = 2048, repeats: int = 5, onednn: bool = False) -> float:
+    """GFLOP/s of an n x n x n matmul in `dtype` on this CPU (best of `repeats`); `onednn`: by
+    oneDNN's kernels (what --onednn_fp32 uses) rather than torch's choice (BLAS for fp32)."""
     import torch
+
+    from swiftlite.training.speedups.onednn_fp32 import linear
     x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    torch.mm(x, y)  # oneDNN picks and builds its kernel on the first call
+    mm = (lambda: linear(x, y, onednn=True)) if onednn else (lambda: torch.mm(x, y))
+    mm()  # oneDNN picks and builds its kernel on the first call
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
-        torch.mm(x, y)
+        mm()
         best = min(best, time.perf_counter() - t)
     return round(2 * n ** 3 / best / 1e9, 1)
 
@@ -81,6 +86,7 @@ def machine() -> dict:
     return {"cpu": hardware.describe_cpu(), "flags": list(hardware.cpu_flags()),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
             "matmul_gflops": {"float32": matmul_gflops(torch.float32),
+                              "float32_onednn": matmul_gflops(torch.float32, onednn=True),
                               "bfloat16": matmul_gflops(torch.bfloat16)}}
 
 

@@ -151,8 +151,10 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
     - the model's own loss (--chunked_loss false, and always under ZeRO-3): the logits are
       upcast to fp32 and log_softmax's output is kept; its backward holds that output, the
       incoming gradient and the result: 12 bytes x vocab per token;
-    - swiftlite's chunked loss (training/speedups/chunked_loss.py): one chunk of fp32 logits and logsumexp's
-      two temporaries of the same size (x - max, its exp): 12 bytes x vocab x chunk rows, and
+    - swiftlite's chunked loss (training/speedups/chunked_loss.py): one chunk of logits whose
+      fp32 log-probabilities and softmax are computed in place (4 bytes x vocab x chunk rows),
+      or for a 16-bit head the logits with an fp32 copy (6 bytes), a copy of the head's
+      weight that the gradient's matmul packs (CPU BLAS: measured on tiny-qwen2), and
       per token the gathered hidden state with its gradient; full fine-tuning adds the LM
       head's fp32 weight gradient (4 bytes x vocab x hidden), accumulated over the chunks.
     """
@@ -166,7 +168,8 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
     return {"layer": norms + attention + mlp + lora, "checkpoint": a * h,
             "selective": 0 if full else a * spec.linear_outputs_per_layer,
             "loss": 12 * spec.vocab_size, "chunked_loss": 2 * a * h,
-            "loss_chunk": 12 * LOSS_CHUNK * spec.vocab_size,
+            "loss_chunk": (4 if a == 4 else a + 4) * LOSS_CHUNK * spec.vocab_size,
+            "loss_head_workspace": a * spec.vocab_size * h,
             "loss_weight_grad": 4 * spec.vocab_size * h if full else 0}
 
 
@@ -180,7 +183,7 @@ def activations(spec: ModelSpec, tokens: int, dtype: str, train_type: str,
     per = activation_bytes_per_token(spec, dtype, train_type, lora_dropout)
     if chunked_loss:
         loss = (per["loss_chunk"] * min(1.0, tokens / LOSS_CHUNK) + tokens * per["chunked_loss"]
-                + per["loss_weight_grad"])
+                + per["loss_head_workspace"] + per["loss_weight_grad"])
     else:
         loss = tokens * per["loss"]
     kept = spec.num_layers * (per["layer"] if not checkpointing else

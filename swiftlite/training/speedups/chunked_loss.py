@@ -45,18 +45,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
             logp = logits.float()
             torch._log_softmax(logp, -1, False, out=logp)
             total -= logp.gather(1, y[:, None]).sum()
+            g = None
             if need_h or need_w:
                 # d(sum CE)/d logits = softmax - one_hot, in the head's dtype: from the 16-bit
                 # logits by a kernel that computes in fp32, or in place of the fp32 ones
-                g = logp.exp_() if logp is logits else torch.softmax(logits, dim=-1)
-                del logp
+                if logp is logits:
+                    g = logp.exp_()
+                else:  # the fp32 buffer goes first: one chunk of 6 bytes per value at most
+                    logp = None
+                    g = torch.softmax(logits, dim=-1)
                 g[torch.arange(len(y), device=y.device), y] -= 1
                 if need_h:
                     grad_h[start:start + chunk] = onednn_fp32.linear(
                         g, weight.t(), onednn=onednn_fp32.marked(weight))
                 if need_w:
                     grad_w += (g.t() @ h).float()
-            del logits
+            # before the next chunk's logits exist (g may be these logits, computed in place)
+            del logits, logp, g
         ctx.save_for_backward(grad_h, grad_w)
         return total
 
