@@ -56,8 +56,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     g = torch.softmax(logits, dim=-1)
                 g[torch.arange(len(y), device=y.device), y] -= 1
                 if need_h:
-                    grad_h[start:start + chunk] = onednn_fp32.linear(
-                        g, weight.t(), onednn=onednn_fp32.marked(weight))
+                    grad_h[start:start + chunk] = onednn_fp32.mm(g, weight)
                 if need_w:
                     grad_w += (g.t() @ h).float()
             # before the next chunk's logits exist (g may be these logits, computed in place)

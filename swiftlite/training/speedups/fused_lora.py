@@ -112,8 +112,7 @@ class _LoraLinear(torch.autograd.Function):
                 if dropped is not None:
                     grad_x.view(-1).index_fill_(0, dropped, 0.0)
             else:
-                grad_x = onednn_fp32.linear(gm.to(w.dtype), w.t(),
-                                            onednn=onednn_fp32.marked(w)).to(g.dtype)
+                grad_x = onednn_fp32.mm(gm.to(w.dtype), w).to(g.dtype)
                 # The branch's input was zeroed at the drops, so its gradient adds nothing there
                 at_drops = None if dropped is None else grad_x.view(-1)[dropped]
                 grad_x.addmm_(gh, a)
@@ -139,8 +138,8 @@ class _FrozenLinear(torch.autograd.Function):
             return None, None, None
         w = ctx.weight
         g = grad.reshape(-1, grad.shape[-1]).to(w.dtype)
-        grad_x = onednn_fp32.linear(g, w.t(), onednn=onednn_fp32.marked(w))
-        return grad_x.to(ctx.x_dtype).view(*grad.shape[:-1], w.shape[1]), None, None
+        return (onednn_fp32.mm(g, w).to(ctx.x_dtype).view(*grad.shape[:-1], w.shape[1]), None,
+                None)
 
 
 def _plain(layer, x, args, kwargs):

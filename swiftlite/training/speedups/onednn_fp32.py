@@ -79,9 +79,14 @@ def marked(w: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            onednn: bool | None = None) -> torch.Tensor:
     """x @ w^T (+ bias); by oneDNN if `onednn` (default: whether w is marked) and both are fp32
-    on a CPU. `w` may be a transposed view: x @ W is linear(x, W.t(), onednn=marked(W))."""
+    on a CPU. `w` may be a transposed view (see mm)."""
     if onednn is None:
         onednn = marked(w)
     if onednn and x.dtype == w.dtype == torch.float32 and x.device.type == "cpu":
         return _onednn(x, w, bias)
     return F.linear(x, w, bias)
+
+
+def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w (an input gradient through a weight w), by oneDNN if w is marked."""
+    return linear(x, w.t(), onednn=marked(w))
