@@ -19,8 +19,8 @@
 
 Every command first prints one {"machine": ...} line: the CPU, the flags that decide swiftlite's
 CPU dtype, the threads, and this machine's measured matmul rates (fp32 by torch's BLAS and by
-oneDNN, and bf16; GFLOP/s of a 2048 x 2048 product, best of 5), so every figure says what it
-was measured on.
+oneDNN, and bf16; GFLOP/s of an n x n product, best of 5, with n = 2048 unless one product
+would take over a second: matmul_n says), so every figure says what it was measured on.
 """
 from __future__ import annotations
 
@@ -62,32 +62,43 @@ def _tree_rss(root: int) -> int:
     return total
 
 
-def matmul_gflops(dtype, n: int = 2048, repeats: int = 5, onednn: bool = False) -> float:
-    """GFLOP/s of an n x n x n matmul in `dtype` on this CPU (best of `repeats`); `onednn`: by
-    oneDNN's kernels (what --onednn_fp32 uses) rather than torch's choice (BLAS for fp32)."""
+def matmul_gflops(dtype, repeats: int = 5, onednn: bool = False) -> tuple[float, int]:
+    """GFLOP/s of an n x n x n matmul in `dtype` on this CPU (best of `repeats`), and n: 2048,
+    or less where one product would take over a second (bf16 on a CPU without bf16 units runs
+    at a hundredth of the fp32 rate); `onednn`: by oneDNN's kernels (what --onednn_fp32 uses)
+    rather than torch's choice (BLAS for fp32)."""
     import torch
 
     from swiftlite.training.speedups.onednn_fp32 import linear
-    x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    mm = (lambda: linear(x, y, onednn=True)) if onednn else (lambda: torch.mm(x, y))
-    mm()  # oneDNN picks and builds its kernel on the first call
-    best = float("inf")
-    for _ in range(repeats):
+    n = 256
+    while True:
+        x, y = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        mm = (lambda: linear(x, y, onednn=True)) if onednn else (lambda: torch.mm(x, y))
+        mm()  # oneDNN picks and builds its kernel on the first call
+        t = time.perf_counter()
+        mm()
+        best = time.perf_counter() - t
+        if n == 2048 or best * 8 > 1.0:  # the next size up would take over a second
+            break
+        n *= 2
+    for _ in range(repeats - 1):
         t = time.perf_counter()
         mm()
         best = min(best, time.perf_counter() - t)
-    return round(2 * n ** 3 / best / 1e9, 1)
+    return round(2 * n ** 3 / best / 1e9, 1), n
 
 
 def machine() -> dict:
     import torch
 
     from swiftlite.runtime import hardware
+    rates = {"float32": matmul_gflops(torch.float32),
+             "float32_onednn": matmul_gflops(torch.float32, onednn=True),
+             "bfloat16": matmul_gflops(torch.bfloat16)}
     return {"cpu": hardware.describe_cpu(), "flags": list(hardware.cpu_flags()),
             "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "matmul_gflops": {"float32": matmul_gflops(torch.float32),
-                              "float32_onednn": matmul_gflops(torch.float32, onednn=True),
-                              "bfloat16": matmul_gflops(torch.bfloat16)}}
+            "matmul_gflops": {k: rate for k, (rate, _) in rates.items()},
+            "matmul_n": {k: n for k, (_, n) in rates.items()}}
 
 
 def cmd_run(a, extra):

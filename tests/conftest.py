@@ -119,6 +119,20 @@ def stop_server(proc) -> None:
         raise
 
 
+# A CPU without bf16 units (AVX2 only: none of runtime.hardware.CPU_BF16_FLAGS) emulates bf16
+# matmuls at about a hundredth of its fp32 rate, and swiftlite trains in fp32 there. The long
+# bf16 training tests run where swiftlite would train in bf16 (two of the three CPU kinds seen).
+def _cpu_bf16() -> bool:
+    from swiftlite.runtime.hardware import cpu_has_bf16
+    return cpu_has_bf16()
+
+
+needs_bf16_units = pytest.mark.skipif(
+    not _cpu_bf16(), reason="this CPU emulates bf16 matmuls (no amx_bf16 or avx512_bf16), at "
+                            "about 1/100 of its fp32 rate; swiftlite trains in fp32 here")
+BF16_CPU_TRAINING = pytest.param("bfloat16", marks=needs_bf16_units, id="bfloat16")
+
+
 # vLLM lives in a venv of its own (scripts/setup_vllm.sh; CI makes it).
 VLLM_PYTHON = os.environ.get("SWIFTLITE_VLLM_PYTHON") or os.path.join(REPO, ".venv-vllm", "bin",
                                                                        "python")

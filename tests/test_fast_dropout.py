@@ -6,6 +6,7 @@ import pytest
 import torch
 
 
+from conftest import BF16_CPU_TRAINING, needs_bf16_units
 from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
 
 
@@ -66,7 +67,7 @@ def test_drop_positions_are_independent_drops_at_rate_p():
     assert len(drop_positions(0, p)) == 0
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", BF16_CPU_TRAINING])
 def test_fast_dropout_masks_are_replayed_by_checkpointing(tiny_qwen2, dtype):
     """Checkpointing recomputes each layer in backward: the recomputed dropout masks must be the
     ones of the forward pass, or the LoRA gradients would be wrong. Same loss and gradients

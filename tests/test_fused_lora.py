@@ -7,6 +7,7 @@ import torch
 
 from swiftlite.config.arguments import SftArguments
 
+from conftest import BF16_CPU_TRAINING, needs_bf16_units
 from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
 
 
@@ -47,8 +48,9 @@ def _loss_grads_matmuls(model, batch, seed=1):
 LAYERS = 2  # tiny-qwen2: 2 decoder layers of 7 frozen linears (+ the LM head, not checkpointed)
 
 
-@pytest.mark.parametrize("dtype,fused_lora", [("float32", True), ("bfloat16", True),
-                                               ("float32", False), ("bfloat16", False)])
+@pytest.mark.parametrize("dtype,fused_lora", [
+    ("float32", True), ("float32", False),
+    *(pytest.param("bfloat16", f, marks=needs_bf16_units, id=f"bfloat16-{f}") for f in (True, False))])
 def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls(tiny_qwen2,
                                                                                  dtype,
                                                                                  fused_lora):
@@ -79,7 +81,7 @@ def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls
     assert selective == fwd  # input gradients only
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", BF16_CPU_TRAINING])
 def test_fused_lora_equals_peft_and_skips_the_last_recomputed_matmul(tiny_qwen2, dtype):
     """--fused_lora: the same loss and LoRA gradients as peft's modules (dropout 0.3 with the
     same masks, checkpointing on), and checkpointing's recompute stops before each layer's last
@@ -120,6 +122,7 @@ def test_fused_lora_gradients_without_checkpointing_or_dropout(tiny_qwen2):
         _assert_close_grads(results[0][1], results[1][1])
 
 
+@needs_bf16_units
 def test_bf16_lora_matmuls_learn_like_fp32_ones(tiny_qwen2):
     """--bf16_lora_matmuls (a bf16 base with fp32 activations): the adapters' products take
     bf16 inputs. With the same dropout drops, the first step's gradients agree with fp32

@@ -129,6 +129,20 @@ def test_cpu_bf16_default_is_for_lora_training(tmp_path):
     assert hardware.training_dtype("auto", gpu, "full") == "bfloat16"
 
 
+def test_bf16_asked_for_on_a_cpu_without_bf16_units_is_warned_about(capsys):
+    """A CPU with AVX2 only (AMD EPYC family 25 here) runs a bf16 matmul about a hundred times
+    slower than fp32 (docs/performance.md): a run asked to do that says why it will crawl."""
+    hardware.warn_if_emulated_bf16("bfloat16", Hardware("cpu", "cpu", cpu_bf16=False))
+    err = capsys.readouterr().err
+    assert "WARNING: --torch_dtype bfloat16 on " in err and "no bf16 units" in err
+    assert "--torch_dtype auto or float32" in err
+    for dtype, hw in (("bfloat16", Hardware("cpu", "cpu", cpu_bf16=True)),
+                      ("float32", Hardware("cpu", "cpu")),
+                      ("bfloat16", Hardware("cuda", "A10", (8, 6)))):
+        hardware.warn_if_emulated_bf16(dtype, hw)
+        assert capsys.readouterr().err == ""
+
+
 def test_explicit_dtype_wins_and_bad_values_are_refused():
     cpu = Hardware("cpu", "cpu")
     assert hardware.resolve_dtype("bfloat16", cpu) == "bfloat16"

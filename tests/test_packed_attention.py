@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 
+from conftest import BF16_CPU_TRAINING, needs_bf16_units
 from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
 
 
@@ -75,7 +76,7 @@ def test_gqa_is_left_to_sdpa_only_where_its_kernel_takes_it(device, dtype, capab
     assert gqa_in_kernel(device, getattr(torch, dtype), capability) == expected
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", BF16_CPU_TRAINING])
 def test_kept_attention_equals_recomputed_and_runs_the_kernel_once_fewer(tiny_qwen2, dtype,
                                                                         monkeypatch):
     """--keep_attention: with checkpointing, the attention output kept from the forward pass is

@@ -55,7 +55,8 @@ class InferEngine:
         (a QLoRA adapter then answers exactly as on its training base).
         """
         from swiftlite.inference.checkpoints import _UNSET, describe
-        from swiftlite.runtime.hardware import Hardware, cpu_has_bf16, detect, inference_dtype
+        from swiftlite.runtime.hardware import (Hardware, cpu_has_bf16, detect, inference_dtype,
+                                                 warn_if_emulated_bf16)
         from swiftlite.models.loader import load_model, load_tokenizer
         from swiftlite.data.template import get_template
         unknown = set(overrides) - {"template", "system", "torch_dtype", "trust_remote_code",
@@ -71,6 +72,7 @@ class InferEngine:
         if device == "cpu" and hw.device != "cpu":  # --device cpu on a GPU host
             hw = Hardware("cpu", "cpu", cpu_bf16=cpu_has_bf16())
         dtype = inference_dtype(overrides.get("torch_dtype"), ckpt.torch_dtype, hw)
+        warn_if_emulated_bf16(dtype, hw)
         tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust)
         template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
         what = f"{ckpt.base_dir} + adapter {ckpt.path}" if ckpt.kind == "adapter" else ckpt.path

@@ -174,6 +174,7 @@ def _run(args: SftArguments) -> SftResult:
     # from another machine says why it chose what it did.
     where = f"cpu ({hardware.describe_cpu()})" if hw.device == "cpu" else hw.device
     info(f"training on {where} in {dtype}{how}")
+    hardware.warn_if_emulated_bf16(dtype, hw)
     if hw.device == "cpu":
         from swiftlite.runtime.allocator import describe_onednn_caches
         info(describe_onednn_caches())

@@ -117,6 +117,17 @@ def has_bf16(hw: Hardware) -> bool:
     return hw.npu_bf16 if hw.device == "npu" else hw.cpu_bf16
 
 
+def warn_if_emulated_bf16(dtype: str, hw: Hardware) -> None:
+    """A CPU without bf16 units (CPU_BF16_FLAGS) emulates bf16 matmuls, at a small fraction of
+    its fp32 rate (docs/performance.md): say so when bf16 was asked for there, rather than let
+    a run crawl without a reason."""
+    if dtype == "bfloat16" and hw.device == "cpu" and not hw.cpu_bf16:
+        from swiftlite.log import warn
+        warn(f"--torch_dtype bfloat16 on {describe_cpu()}: this CPU has no bf16 units (none of "
+             f"{' '.join(CPU_BF16_FLAGS)}), so its bf16 matmuls are emulated and many times "
+             "slower than fp32; --torch_dtype auto or float32 runs fp32 here.")
+
+
 def default_dtype(hw: Hardware) -> str:
     """bf16 on Ampere+ CUDA and on Ascend 910B+; fp16 (with loss scaling) on pre-Ampere CUDA
     such as T4 and V100 and on NPUs without bf16 (910A); fp32 on a CPU (see training_dtype
