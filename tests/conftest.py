@@ -12,6 +12,8 @@ import urllib.request
 
 import pytest
 
+from swiftlite.runtime.hardware import CPU_BF16_FLAGS, cpu_has_bf16
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -122,14 +124,10 @@ def stop_server(proc) -> None:
 # A CPU without bf16 units (AVX2 only: none of runtime.hardware.CPU_BF16_FLAGS) emulates bf16
 # matmuls at about a hundredth of its fp32 rate, and swiftlite trains in fp32 there. The long
 # bf16 training tests run where swiftlite would train in bf16 (two of the three CPU kinds seen).
-def _cpu_bf16() -> bool:
-    from swiftlite.runtime.hardware import cpu_has_bf16
-    return cpu_has_bf16()
-
-
 needs_bf16_units = pytest.mark.skipif(
-    not _cpu_bf16(), reason="this CPU emulates bf16 matmuls (no amx_bf16 or avx512_bf16), at "
-                            "about 1/100 of its fp32 rate; swiftlite trains in fp32 here")
+    not cpu_has_bf16(), reason=f"this CPU emulates bf16 matmuls (none of "
+                               f"{' '.join(CPU_BF16_FLAGS)}), at about 1/100 of its fp32 rate; "
+                               "swiftlite trains in fp32 here")
 BF16_CPU_TRAINING = pytest.param("bfloat16", marks=needs_bf16_units, id="bfloat16")
 
 

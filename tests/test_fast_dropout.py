@@ -6,7 +6,7 @@ import pytest
 import torch
 
 
-from conftest import BF16_CPU_TRAINING, needs_bf16_units
+from conftest import BF16_CPU_TRAINING
 from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
 
 

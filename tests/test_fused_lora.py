@@ -50,7 +50,8 @@ LAYERS = 2  # tiny-qwen2: 2 decoder layers of 7 frozen linears (+ the LM head, n
 
 @pytest.mark.parametrize("dtype,fused_lora", [
     ("float32", True), ("float32", False),
-    *(pytest.param("bfloat16", f, marks=needs_bf16_units, id=f"bfloat16-{f}") for f in (True, False))])
+    *(pytest.param("bfloat16", fused, marks=needs_bf16_units, id=f"bfloat16-{fused}")
+      for fused in (True, False))])
 def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls(tiny_qwen2,
                                                                                  dtype,
                                                                                  fused_lora):
