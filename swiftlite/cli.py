@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if own_process and command in ALLOCATOR_COMMANDS and not {"-h", "--help"} & set(argv):
         from swiftlite.runtime.allocator import reexec_with_tcmalloc  # returns unless it re-executes
-        reexec_with_tcmalloc(argv)
+        reexec_with_tcmalloc(["-m", "swiftlite.cli", *argv])
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from swiftlite.log import hide_library_noise
     hide_library_noise()

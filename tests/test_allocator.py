@@ -41,6 +41,23 @@ def test_commands_run_under_tcmalloc_when_installed(tiny_qwen2, chat_jsonl, tmp_
     assert "memory allocator: glibc (SWIFTLITE_ALLOCATOR=glibc)" in r.stderr
 
 
+def test_a_script_reexecutes_itself_under_tcmalloc(tmp_path):
+    """scripts/bench_sft.py trains in its own process (`ab`, `profile`): it re-executes itself
+    under tcmalloc like `swiftlite sft`, so its figures are the command's (under glibc the same
+    steps ran 1.2x slower), with its own arguments intact."""
+    from swiftlite.runtime.allocator import find_tcmalloc
+    if find_tcmalloc() is None:
+        pytest.skip("tcmalloc is not installed here (apt-get install libtcmalloc-minimal4)")
+    script = tmp_path / "script.py"
+    script.write_text("import sys\nfrom swiftlite.runtime import allocator\n"
+                      "allocator.reexec_with_tcmalloc(sys.argv)\n"
+                      "print(allocator.active(), sys.argv[1:])\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SWIFTLITE_ALLOCATOR")}
+    out = subprocess.run([sys.executable, str(script), "ab", "--steps", "8"], env=env,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "tcmalloc ['ab', '--steps', '8']"
+
+
 def test_allocator_line_says_what_runs_and_what_to_do(monkeypatch):
     from swiftlite.runtime import allocator
     monkeypatch.delenv("SWIFTLITE_ALLOCATOR", raising=False)

@@ -51,9 +51,10 @@ def active() -> str:
         return "glibc"
 
 
-def reexec_with_tcmalloc(argv: list[str]) -> None:
-    """Replace this process with `python -m swiftlite.cli ARGV` under tcmalloc, when wanted
-    and possible; otherwise return and go on with the current allocator."""
+def reexec_with_tcmalloc(args: list[str]) -> None:
+    """Replace this process with `python ARGS` under tcmalloc (the CLI: `-m swiftlite.cli
+    ...`; a script: its path and arguments), when wanted and possible; otherwise return and go
+    on with the current allocator."""
     if not sys.platform.startswith("linux") or os.environ.get(ENV, "").lower() == "glibc":
         return
     if os.environ.get(ENV) == "tcmalloc" or active() == "tcmalloc":
@@ -68,7 +69,7 @@ def reexec_with_tcmalloc(argv: list[str]) -> None:
            "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(1 << 40)}
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "swiftlite.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, *args], env)
 
 
 # oneDNN, which runs torch's bf16 matmuls on a CPU, keeps a compiled primitive per matmul
