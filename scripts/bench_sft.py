@@ -326,8 +326,8 @@ def cmd_memory(a, extra):
 
 def main():
     # The allocator of `swiftlite sft` (which re-executes itself under tcmalloc): under glibc
-    # the in-process steps of `ab` and `profile` ran 1.2x slower on the same CPU, with the
-    # element-wise ops' shares inflated by page faults on fresh buffers.
+    # the in-process steps of `ab` and `profile` were slower than the command's, with the
+    # element-wise ops' shares inflated by page faults on fresh buffers (docs/performance.md).
     from swiftlite.runtime.allocator import reexec_with_tcmalloc
     reexec_with_tcmalloc(sys.argv)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
