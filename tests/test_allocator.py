@@ -43,8 +43,8 @@ def test_commands_run_under_tcmalloc_when_installed(tiny_qwen2, chat_jsonl, tmp_
 
 def test_a_script_reexecutes_itself_under_tcmalloc(tmp_path):
     """scripts/bench_sft.py trains in its own process (`ab`, `profile`): it re-executes itself
-    under tcmalloc like `swiftlite sft`, so its figures are the command's (under glibc the same
-    steps ran 1.2x slower), with its own arguments intact."""
+    under tcmalloc like `swiftlite sft`, so its figures are the command's (under glibc its steps
+    were slower: docs/performance.md), with its own arguments intact."""
     from swiftlite.runtime.allocator import find_tcmalloc
     if find_tcmalloc() is None:
         pytest.skip("tcmalloc is not installed here (apt-get install libtcmalloc-minimal4)")
