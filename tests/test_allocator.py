@@ -88,9 +88,10 @@ def test_main_called_from_python_never_reexecutes(monkeypatch, tmp_path, capsys)
 def test_tcmalloc_halves_peak_memory_of_checkpointed_training(smollm2, tmp_path):
     """Why swiftlite preloads tcmalloc: three checkpointed LoRA steps of SmolLM2-135M (1,400,
     600 and 1,000 tokens) leave glibc's heap full of holes it cannot return, tcmalloc reuses
-    them. Measured here: peak RSS 2,261 MB under glibc vs 1,203 MB under tcmalloc (a whole
-    30-step run: 3,152 vs 1,383 MB). The peak is VmHWM: ru_maxrss would start from pytest's own
-    size, which Linux carries over into the child."""
+    them. Measured: peak RSS 2,261 MB under glibc vs 1,203 MB under tcmalloc (0.53), and
+    1,896-1,957 vs 1,264 MB (0.65-0.67) on an AMD EPYC family 25 model 17 (a whole 30-step
+    run: 3,152 vs 1,383 MB). The peak is VmHWM: ru_maxrss would start from pytest's own size,
+    which Linux carries over into the child."""
     from swiftlite.runtime.allocator import find_tcmalloc
     lib = find_tcmalloc()
     if lib is None:
@@ -117,7 +118,7 @@ def test_tcmalloc_halves_peak_memory_of_checkpointed_training(smollm2, tmp_path)
         out = subprocess.run([sys.executable, str(script), smollm2], env={**env, **extra},
                              capture_output=True, text=True, check=True)
         peak[name] = int(out.stdout.split()[-1])
-    assert peak["tcmalloc"] < 0.7 * peak["glibc"], peak
+    assert peak["tcmalloc"] < 0.75 * peak["glibc"], peak  # 0.53-0.67 measured (see above)
 
 
 _LOAD_PEAK = (
