@@ -85,7 +85,7 @@ def test_main_called_from_python_never_reexecutes(monkeypatch, tmp_path, capsys)
     assert "missing" in capsys.readouterr().err
 
 
-def test_tcmalloc_halves_peak_memory_of_checkpointed_training(smollm2, tmp_path):
+def test_tcmalloc_lowers_peak_memory_of_checkpointed_training(smollm2, tmp_path):
     """Why swiftlite preloads tcmalloc: three checkpointed LoRA steps of SmolLM2-135M (1,400,
     600 and 1,000 tokens) leave glibc's heap full of holes it cannot return, tcmalloc reuses
     them. Measured: peak RSS 2,261 MB under glibc vs 1,203 MB under tcmalloc (0.53), and
