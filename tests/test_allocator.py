@@ -11,6 +11,14 @@ import pytest
 import torch
 
 
+@pytest.fixture
+def tcmalloc() -> str:
+    """The system's tcmalloc library (CI installs libtcmalloc-minimal4); skips without it."""
+    from swiftlite.runtime.allocator import INSTALL_HINT, find_tcmalloc
+    lib = find_tcmalloc()
+    if lib is None:
+        pytest.skip(f"tcmalloc is not installed here ({INSTALL_HINT})")
+    return lib
 
 
 def test_sft_help_is_instant():
@@ -25,13 +33,10 @@ def test_sft_help_is_instant():
     assert time.time() - t < 5  # < 1 s on an idle machine; loose here, CI shares the cores
 
 
-def test_commands_run_under_tcmalloc_when_installed(tiny_qwen2, chat_jsonl, tmp_path):
+def test_commands_run_under_tcmalloc_when_installed(tcmalloc, tiny_qwen2, chat_jsonl, tmp_path):
     """`swiftlite sft` re-executes itself with tcmalloc preloaded when the system has it (CI
     installs libtcmalloc-minimal4) and says so; SWIFTLITE_ALLOCATOR=glibc keeps glibc."""
     from conftest import run_cli
-    from swiftlite.runtime.allocator import find_tcmalloc
-    if find_tcmalloc() is None:
-        pytest.skip("tcmalloc is not installed here (apt-get install libtcmalloc-minimal4)")
     flags = ["sft", "--model", tiny_qwen2, "--dataset", chat_jsonl, "--template", "qwen",
              "--max_steps", "1", "--per_device_train_batch_size", "2", "--report_to", "none",
              "--save_strategy", "no"]
@@ -41,13 +46,10 @@ def test_commands_run_under_tcmalloc_when_installed(tiny_qwen2, chat_jsonl, tmp_
     assert "memory allocator: glibc (SWIFTLITE_ALLOCATOR=glibc)" in r.stderr
 
 
-def test_a_script_reexecutes_itself_under_tcmalloc(tmp_path):
+def test_a_script_reexecutes_itself_under_tcmalloc(tcmalloc, tmp_path):
     """scripts/bench_sft.py trains in its own process (`ab`, `profile`): it re-executes itself
     under tcmalloc like `swiftlite sft`, so its figures are the command's (under glibc its steps
     were slower: docs/performance.md), with its own arguments intact."""
-    from swiftlite.runtime.allocator import find_tcmalloc
-    if find_tcmalloc() is None:
-        pytest.skip("tcmalloc is not installed here (apt-get install libtcmalloc-minimal4)")
     script = tmp_path / "script.py"
     script.write_text("import sys\nfrom swiftlite.runtime import allocator\n"
                       "allocator.reexec_with_tcmalloc(sys.argv)\n"
@@ -85,17 +87,13 @@ def test_main_called_from_python_never_reexecutes(monkeypatch, tmp_path, capsys)
     assert "missing" in capsys.readouterr().err
 
 
-def test_tcmalloc_lowers_peak_memory_of_checkpointed_training(smollm2, tmp_path):
+def test_tcmalloc_lowers_peak_memory_of_checkpointed_training(tcmalloc, smollm2, tmp_path):
     """Why swiftlite preloads tcmalloc: three checkpointed LoRA steps of SmolLM2-135M (1,400,
     600 and 1,000 tokens) leave glibc's heap full of holes it cannot return, tcmalloc reuses
     them. Measured: peak RSS 2,261 MB under glibc vs 1,203 MB under tcmalloc (0.53), and
     1,896-1,957 vs 1,264 MB (0.65-0.67) on an AMD EPYC family 25 model 17 (a whole 30-step
     run: 3,152 vs 1,383 MB). The peak is VmHWM: ru_maxrss would start from pytest's own size,
     which Linux carries over into the child."""
-    from swiftlite.runtime.allocator import find_tcmalloc
-    lib = find_tcmalloc()
-    if lib is None:
-        pytest.skip("tcmalloc is not installed here (apt-get install libtcmalloc-minimal4)")
     script = tmp_path / "peak.py"
     script.write_text(
         "import sys, torch\n"
@@ -114,7 +112,7 @@ def test_tcmalloc_lowers_peak_memory_of_checkpointed_training(smollm2, tmp_path)
         "print(peak_rss_bytes() // 2**20)\n")
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     peak = {}
-    for name, extra in (("glibc", {}), ("tcmalloc", {"LD_PRELOAD": lib})):
+    for name, extra in (("glibc", {}), ("tcmalloc", {"LD_PRELOAD": tcmalloc})):
         out = subprocess.run([sys.executable, str(script), smollm2], env={**env, **extra},
                              capture_output=True, text=True, check=True)
         peak[name] = int(out.stdout.split()[-1])
