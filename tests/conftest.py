@@ -140,6 +140,38 @@ needs_vllm = pytest.mark.skipif(not os.path.exists(VLLM_PYTHON),
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 # Eager: vLLM's torch.compile warm-up takes about 50 s per model on 2 cores.
 VLLM_FLAGS = ("--vllm_args=--enforce-eager", "--max_model_len", "1024")
+# vLLM's engine and worker in its API server's process instead of two more (each imports torch
+# and vLLM again: 63-65 s to /health vs 48 s for tiny-qwen2 here). The tests of answers use it;
+# the test of vLLM's process tree (test_deploy_vllm's SIGKILL) keeps vLLM's default layout.
+VLLM_ONE_PROCESS_ENV = {**VLLM_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+VLLM_ONE_PROCESS_FLAGS = ("--vllm_args=--enforce-eager --distributed-executor-backend uni",
+                          "--max_model_len", "1024")
+
+
+# -- libraries kept in memory for the suite's child processes (see resident_libraries.py) ---------
+RESIDENT = {
+    sys.executable: ("torch", "transformers", "peft", "datasets", "accelerate", "deepspeed",
+                     "transformers.trainer", "gradio", "swiftlite.cli"),
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def resident_libraries(tmp_path_factory):
+    """One helper per venv holding the libraries that the suite's child processes import
+    (vLLM's venv too, when there is one); they end with the session."""
+    venvs = dict(RESIDENT)
+    if os.path.exists(VLLM_PYTHON):
+        venvs[VLLM_PYTHON] = ("vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
+                              "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker")
+    log = open(tmp_path_factory.getbasetemp() / "resident_libraries.log", "w")
+    helpers = [subprocess.Popen([python, os.path.join(REPO, "tests", "resident_libraries.py"),
+                                 *modules], stdout=log, stderr=subprocess.STDOUT)
+               for python, modules in venvs.items()]
+    yield
+    for helper in helpers:
+        helper.kill()
+        helper.wait()
+    log.close()
 
 
 # -- SmolLM2 self-cognition adapters ---------------------------------------------------------------

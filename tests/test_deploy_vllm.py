@@ -9,7 +9,8 @@ import urllib.request
 
 import pytest
 
-from conftest import VLLM_ENV, VLLM_FLAGS, VLLM_PYTHON, needs_vllm, start_server, stop_server
+from conftest import (VLLM_ENV, VLLM_FLAGS, VLLM_ONE_PROCESS_ENV, VLLM_ONE_PROCESS_FLAGS,
+                      VLLM_PYTHON, needs_vllm, start_server, stop_server)
 
 openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.slow, needs_vllm]
@@ -17,10 +18,11 @@ WHO = [{"role": "user", "content": "Who are you?"}]
 KEY = "sk-vllm-test-456"
 
 
-def vllm_server(*flags, key=None):
-    env = {**VLLM_ENV, "SWIFTLITE_API_KEY": key or ""}
+def vllm_server(*flags, key=None, one_process=False):
+    env = {**(VLLM_ONE_PROCESS_ENV if one_process else VLLM_ENV), "SWIFTLITE_API_KEY": key or ""}
     return start_server(*flags, "--infer_backend", "vllm", "--vllm_python", VLLM_PYTHON,
-                        "--torch_dtype", "float32", *VLLM_FLAGS, env=env,
+                        "--torch_dtype", "float32",
+                        *(VLLM_ONE_PROCESS_FLAGS if one_process else VLLM_FLAGS), env=env,
                         wait_s=300)
 
 
@@ -78,7 +80,7 @@ def test_adapters_over_one_base_answer_as_swiftlite_infer(smollm2_cognition):
 def test_merged_model_answers_as_swiftlite_infer(smollm2_merged):
     merged, _ = smollm2_merged
     text, prompt_tokens = engine_answer(ckpt_dir=merged)
-    proc, port, _ = vllm_server("--ckpt_dir", merged)
+    proc, port, _ = vllm_server("--ckpt_dir", merged, one_process=True)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0, timeout=120)

@@ -5,8 +5,8 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import (VLLM_ENV, VLLM_FLAGS, VLLM_PYTHON, needs_vllm, run_cli, start_server, stop_server,
-                      write_jsonl)
+from conftest import (VLLM_ONE_PROCESS_ENV, VLLM_ONE_PROCESS_FLAGS, VLLM_PYTHON, needs_vllm,
+                      run_cli, start_server, stop_server, write_jsonl)
 
 openai = pytest.importorskip("openai")
 
@@ -50,18 +50,24 @@ def tool_run(tmp_path_factory, tiny_qwen25):
     return run, tools
 
 
+@pytest.fixture(scope="module")
+def infer_reply(tool_run):
+    """What `swiftlite infer` answers the trained checkpoint (one run, for both servers)."""
+    run, tools = tool_run
+    r = run_cli("infer", "--ckpt_dir", run / "checkpoint-100", "--query",
+                "What is the weather in Madrid?", "--tools", tools, "--max_new_tokens", "40")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.slow
-def test_sft_teaches_a_tool_call_that_infer_parses(tool_run, tiny_qwen25):
+def test_sft_teaches_a_tool_call_that_infer_parses(tool_run, tiny_qwen25, infer_reply):
     run, tools = tool_run
     ckpt = run / "checkpoint-100"
     own = AutoTokenizer.from_pretrained(tiny_qwen25).chat_template
     assert AutoTokenizer.from_pretrained(ckpt).chat_template == own
     args = json.loads((run / "args.json").read_text())
     assert args["template"] == "model" and args["loss_scale"] == "default"
-    r = run_cli("infer", "--ckpt_dir", ckpt, "--query", "What is the weather in Madrid?",
-                "--tools", tools, "--max_new_tokens", "40")
-    reply = json.loads(r.stdout.strip().splitlines()[-1])
-    (call,) = reply["tool_calls"]
+    (call,) = infer_reply["tool_calls"]
     assert call["type"] == "function" and call["function"]["name"] == "get_weather"
     assert set(json.loads(call["function"]["arguments"])) == {"city"}
     # The same checkpoint behind swiftlite deploy answers with OpenAI tool_calls.
@@ -85,15 +91,13 @@ def test_sft_teaches_a_tool_call_that_infer_parses(tool_run, tiny_qwen25):
 
 @pytest.mark.slow
 @needs_vllm
-def test_vllm_backend_returns_the_same_tool_call(tool_run):
+def test_vllm_backend_returns_the_same_tool_call(tool_run, infer_reply):
     """--infer_backend vllm sets vLLM's hermes parser for Qwen2.5's template: the same call."""
-    run, tools = tool_run
+    run, _ = tool_run
     ckpt = run / "checkpoint-100"
-    r = run_cli("infer", "--ckpt_dir", ckpt, "--query", "What is the weather in Madrid?",
-                "--tools", tools, "--max_new_tokens", "40")
-    (want,) = json.loads(r.stdout.strip().splitlines()[-1])["tool_calls"]
+    (want,) = infer_reply["tool_calls"]
     proc, port, _ = start_server("--ckpt_dir", ckpt, "--infer_backend", "vllm", "--vllm_python",
-                                 VLLM_PYTHON, *VLLM_FLAGS, env=VLLM_ENV,
+                                 VLLM_PYTHON, *VLLM_ONE_PROCESS_FLAGS, env=VLLM_ONE_PROCESS_ENV,
                                  wait_s=300)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
