@@ -23,4 +23,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+# The venv's tools first, as in an activated venv (the tests' DeepSpeed runs find its ninja).
+export PATH="$PWD/.venv/bin:$PATH"
+# DeepSpeed JIT-builds two CPU ops on first use and caches them under ~/.cache/torch_extensions:
+# CPU Adam (offload_optimizer: cpu, about 70 s) and its shared-memory all-reduce (about 50 s).
+# Built here, with the rest of the setup, so that the suite's time is the tests'.
+.venv/bin/python scripts/build_deepspeed_ops.py \
+  || echo "DeepSpeed's CPU ops did not build here: the first DeepSpeed tests will try again"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"

@@ -172,8 +172,16 @@ def resident_libraries(tmp_path_factory):
                               "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker")
     log = open(tmp_path_factory.getbasetemp() / "resident_libraries.log", "w")
     helpers = [subprocess.Popen([python, os.path.join(REPO, "tests", "resident_libraries.py"),
-                                 *modules], stdout=log, stderr=subprocess.STDOUT)
+                                 *modules], stdout=subprocess.PIPE, stderr=log, text=True)
                for python, modules in venvs.items()]
+    # Wait until they hold their files (about 30 s): importing next to a test would take CPU
+    # from its two OpenMP threads, which then wait for each other.
+    for helper in helpers:
+        for line in helper.stdout:  # libraries print to stdout too; the helper's line ends it
+            log.write(line)
+            if line.startswith("resident_libraries:"):
+                break
+    log.flush()
     yield
     for helper in helpers:
         helper.kill()
