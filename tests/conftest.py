@@ -151,8 +151,7 @@ VLLM_FLAGS = ("--vllm_args=--enforce-eager", "--max_model_len", "1024")
 # and vLLM again: 63-65 s to /health vs 48 s for tiny-qwen2 here). The tests of answers use it;
 # the test of vLLM's process tree (test_deploy_vllm's SIGKILL) keeps vLLM's default layout.
 VLLM_ONE_PROCESS_ENV = {**VLLM_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-VLLM_ONE_PROCESS_FLAGS = ("--vllm_args=--enforce-eager --distributed-executor-backend uni",
-                          "--max_model_len", "1024")
+VLLM_ONE_PROCESS_FLAGS = (VLLM_FLAGS[0] + " --distributed-executor-backend uni", *VLLM_FLAGS[1:])
 
 
 # -- libraries kept in memory for the suite's child processes (see resident_libraries.py) ---------

@@ -24,11 +24,10 @@ MCL_CURRENT = 1
 PAGE = mmap.PAGESIZE
 
 
-def _map_compiled_modules() -> list[mmap.mmap]:
-    """Read-only maps of the .pyc files of every module imported so far."""
+def _map(paths) -> list[mmap.mmap]:
+    """Read-only maps of the files at `paths` that can be opened and are not empty."""
     maps = []
-    for module in list(sys.modules.values()):
-        path = vars(module).get("__cached__")  # not getattr: lazy modules import on it
+    for path in paths:
         try:
             with open(path, "rb") as f:
                 if os.fstat(f.fileno()).st_size:
@@ -38,22 +37,21 @@ def _map_compiled_modules() -> list[mmap.mmap]:
     return maps
 
 
-def _mapped_files() -> list[mmap.mmap]:
-    """Read-only maps of the shared libraries this process has loaded."""
+def _compiled_modules() -> list[str]:
+    """The .pyc files of every module imported so far."""
+    # vars(), not getattr: lazy modules import on attribute access
+    return [p for p in (vars(m).get("__cached__") for m in list(sys.modules.values())) if p]
+
+
+def _shared_libraries() -> list[str]:
+    """The shared libraries this process has loaded."""
     paths = set()
     with open("/proc/self/maps") as f:
         for line in f:
             parts = line.split(None, 5)
             if len(parts) == 6 and parts[5].strip().startswith("/") and ".so" in parts[5]:
                 paths.add(parts[5].strip())
-    maps = []
-    for path in sorted(paths):
-        try:
-            with open(path, "rb") as f:
-                maps.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
-        except (OSError, ValueError):
-            continue
-    return maps
+    return sorted(paths)
 
 
 def _touch(maps) -> None:
@@ -69,7 +67,7 @@ def main() -> None:
             importlib.import_module(name)
         except Exception as e:  # a missing optional package: hold the rest
             print(f"resident_libraries: {name}: {e}", file=sys.stderr)
-    maps = _mapped_files() + _map_compiled_modules()
+    maps = _map(_shared_libraries() + _compiled_modules())
     _touch(maps)
     locked = ctypes.CDLL(None, use_errno=True).mlockall(MCL_CURRENT) == 0
     size = sum(len(m) for m in maps) >> 20

@@ -141,7 +141,7 @@ def free_port() -> int:
 
 
 def child_env(**extra) -> dict:
-    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""),
+    env = {**os.environ,  # PATH starts with the venv's bin (conftest.py)
            "MODEL": "tiny-qwen2", "DATASET": "self-cognition#32", "OMP_NUM_THREADS": "1"}
     for key in ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
                 "SWIFTLITE_RUN_DIR", "SWIFTLITE_COMMAND", "RANK", "WORLD_SIZE", "LOCAL_RANK",

@@ -19,11 +19,11 @@ KEY = "sk-vllm-test-456"
 
 
 def vllm_server(*flags, key=None, one_process=False):
-    env = {**(VLLM_ONE_PROCESS_ENV if one_process else VLLM_ENV), "SWIFTLITE_API_KEY": key or ""}
+    env, vllm_flags = ((VLLM_ONE_PROCESS_ENV, VLLM_ONE_PROCESS_FLAGS) if one_process
+                       else (VLLM_ENV, VLLM_FLAGS))
     return start_server(*flags, "--infer_backend", "vllm", "--vllm_python", VLLM_PYTHON,
-                        "--torch_dtype", "float32",
-                        *(VLLM_ONE_PROCESS_FLAGS if one_process else VLLM_FLAGS), env=env,
-                        wait_s=300)
+                        "--torch_dtype", "float32", *vllm_flags,
+                        env={**env, "SWIFTLITE_API_KEY": key or ""}, wait_s=300)
 
 
 def greedy(client, model, messages=WHO, **kw):
