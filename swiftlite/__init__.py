@@ -2,6 +2,7 @@
 
 Python API (the same arguments as the CLI):
     swiftlite.sft(model="SmolLM2-135M-Instruct", dataset=["self-cognition#500"], ...)
+    swiftlite.rlhf(model="SmolLM2-135M-Instruct", dataset=["pairs.jsonl"], rlhf_type="dpo")
     swiftlite.merge_lora(ckpt_dir="output/.../checkpoint-50")
     swiftlite.infer(ckpt_dir=..., messages=[...])
     swiftlite.deploy(ckpt_dir=..., adapters=["name=path"], port=8000)   # serves until stopped
@@ -13,6 +14,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "sft": ("swiftlite.pipelines.sft", "sft"),
     "SftArguments": ("swiftlite.config.arguments", "SftArguments"),
+    "rlhf": ("swiftlite.pipelines.rlhf", "rlhf"),
+    "RlhfArguments": ("swiftlite.config.rlhf_args", "RlhfArguments"),
     "get_template": ("swiftlite.data.template", "get_template"),
     "merge_lora": ("swiftlite.pipelines.merge", "merge_lora"),
     "infer": ("swiftlite.pipelines.infer", "infer"),

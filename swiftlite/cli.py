@@ -12,6 +12,8 @@ from swiftlite.errors import SwiftliteError
 # command -> (module:function taking argv, one-line description)
 COMMANDS = {
     "sft": ("swiftlite.pipelines.sft:main", "LoRA (or full) supervised fine-tuning"),
+    "rlhf": ("swiftlite.pipelines.rlhf:main", "preference training: DPO (and its loss types), "
+                                              "ORPO, SimPO, CPO, KTO"),
     "merge-lora": ("swiftlite.pipelines.merge:main", "merge a LoRA checkpoint into a plain model"),
     "infer": ("swiftlite.pipelines.infer:main", "chat with a model or checkpoint, or batch-infer a "
                                                 "dataset"),
@@ -22,7 +24,7 @@ COMMANDS = {
     "web-ui": ("swiftlite.webui.app:main", "start the Gradio Web-UI"),
 }
 # Commands that run a model: worth tcmalloc's lower peak memory (see runtime/allocator.py).
-ALLOCATOR_COMMANDS = ("sft", "infer", "merge-lora", "deploy")
+ALLOCATOR_COMMANDS = ("sft", "rlhf", "infer", "merge-lora", "deploy")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,11 +16,13 @@ import os
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from swiftlite.errors import UsageError
 from swiftlite.log import info, warn
 from swiftlite.runtime.paths import cache_dir
 from swiftlite.config.constants import IGNORE_INDEX
+from swiftlite.data.loader import content
 from swiftlite.data.template_base import ChatTemplate
 
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
@@ -74,24 +76,39 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(conversations: list, template: ChatTemplate, max_length: int, strategy: str) -> str:
+@dataclass(frozen=True)
+class Encoder:
+    """What a dataset's samples are: their columns (name -> "ids" for a list of int32 token
+    ids, "int" for one int32), and the function that encodes a chunk of conversations:
+    chunk(conversations, template, max_length, strategy, name) -> (columns or None, Counts).
+    A "length" column (tokens of the sample) is always among them."""
+    name: str
+    columns: dict
+    chunk: Callable
+
+
+def cache_key(conversations: list, template: ChatTemplate, max_length: int, strategy: str,
+              encoder_name: str = "sft") -> str:
     h = hashlib.sha256()
     h.update(json.dumps([ENCODER_VERSION, template.fingerprint(), template.loss_scale,
-                         max_length, strategy]).encode())
+                         max_length, strategy] + ([encoder_name] if encoder_name != "sft"
+                                                  else [])).encode())
     h.update(tokenizer_fingerprint(template.tokenizer).encode())
     if hasattr(conversations, "digest"):  # data.loader.Rows: the lines as they are on disk
         conversations.digest(h)
         return h.hexdigest()[:24]
     for c in conversations:
-        c = {"messages": c["messages"], "tools": c.get("tools")} if isinstance(c, dict) else c
+        c = content(c) if isinstance(c, dict) else c
         h.update(json.dumps(c, ensure_ascii=False).encode())
     return h.hexdigest()[:24]
 
 
 def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: int,
                    truncation_strategy: str = "delete", name: str = "train",
-                   use_cache: bool = True, skip_bad_rows: bool = False, num_proc: int = 1):
-    """A datasets.Dataset with input_ids/labels/length, and an EncodeReport.
+                   use_cache: bool = True, skip_bad_rows: bool = False, num_proc: int = 1,
+                   encoder: Encoder | None = None):
+    """A datasets.Dataset with input_ids/labels/length (or the columns of another encoder,
+    such as data.pair_encode's), and an EncodeReport.
 
     Samples are encoded in chunks (in `num_proc` worker processes when more than 1) and each
     chunk goes straight into an Arrow file, which the dataset then memory-maps: the token ids
@@ -100,7 +117,8 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
     same data, never encode the same rows twice nor race to write the same folder; they all
     memory-map the one result."""
     check_truncation_strategy(truncation_strategy)
-    job = (conversations, template, max_length, truncation_strategy, name)
+    encoder = encoder or SFT_ENCODER
+    job = (conversations, template, max_length, truncation_strategy, name, encoder)
     if not use_cache:
         tmp = os.path.join(cache_dir("datasets"), f".{name}-uncached.tmp-{os.getpid()}")
         try:
@@ -108,7 +126,7 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
             return _open(tmp), report  # memory-mapped: the folder can go (Linux keeps the map)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    key = cache_key(conversations, template, max_length, truncation_strategy)
+    key = cache_key(conversations, template, max_length, truncation_strategy, encoder.name)
     path = os.path.join(cache_dir("datasets"), f"{name}-{key}")
     with _entry_lock(path):
         cached = load_cached(path, name)
@@ -197,7 +215,7 @@ def _encode(job: tuple, out_dir: str, skip_bad_rows: bool, num_proc: int) -> Enc
     import datasets
     from datasets.arrow_writer import ArrowWriter
     from tqdm.auto import tqdm
-    conversations, _, _, _, name = job
+    conversations, _, _, _, name, encoder = job
     report = EncodeReport(samples=len(conversations))
     starts = range(0, len(conversations), _CHUNK)
     bar = tqdm(total=len(conversations), desc=f"Tokenising {name}", unit="rows",
@@ -207,9 +225,9 @@ def _encode(job: tuple, out_dir: str, skip_bad_rows: bool, num_proc: int) -> Enc
     if num_proc > 1 and len(starts) > 1:
         pool = multiprocessing.get_context("fork").Pool(min(num_proc, len(starts)))
     os.makedirs(out_dir, exist_ok=True)
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
-                                  "labels": datasets.Sequence(datasets.Value("int32")),
-                                  "length": datasets.Value("int32")})
+    features = datasets.Features({
+        c: datasets.Sequence(datasets.Value("int32")) if kind == "ids" else datasets.Value("int32")
+        for c, kind in encoder.columns.items()})
     rejected = []
     try:
         writer = ArrowWriter(features=features, path=os.path.join(out_dir, ARROW_FILE))
@@ -251,20 +269,33 @@ class Counts:
     rejected: list[str] = field(default_factory=list)
 
 
-_JOB = None  # (conversations, template, max_length, truncation_strategy, name) while encoding
+_JOB = None  # (conversations, template, max_length, truncation_strategy, name, encoder)
 
 
 def _encode_chunk(start: int):
     """(Arrow table or None, Counts) for the chunk of _JOB's conversations at `start`."""
     import pyarrow as pa
-    conversations, template, max_length, strategy, name = _JOB
-    chunk = conversations[start:start + _CHUNK]
+    conversations, template, max_length, strategy, name, encoder = _JOB
+    columns, part = encoder.chunk(conversations[start:start + _CHUNK], template, max_length,
+                                  strategy, name)
+    if columns is None:
+        return None, part
+    return pa.table({c: pa.array(columns[c], pa.list_(pa.int32()) if kind == "ids"
+                                 else pa.int32()) for c, kind in encoder.columns.items()}), part
+
+
+def count_rejected(part: "Counts", conv, name: str, template: ChatTemplate, e: Exception) -> None:
+    """Count a conversation the template cannot render, and say where it came from."""
+    where = conv.get("where", f"{name} sample") if isinstance(conv, dict) else name
+    part.rejected.append(f"{where}: {template.describe()} cannot render it: {e}")
+    part.dropped["rejected by the chat template"] += 1
+
+
+def _sft_chunk(chunk: list, template: ChatTemplate, max_length: int, strategy: str, name: str):
     part, ids, labels = Counts(samples=len(chunk)), [], []
     for conv, sample in zip(chunk, template.encode_batch(chunk)):
         if isinstance(sample, Exception):
-            where = conv.get("where", f"{name} sample") if isinstance(conv, dict) else name
-            part.rejected.append(f"{where}: {template.describe()} cannot render it: {sample}")
-            part.dropped["rejected by the chat template"] += 1
+            count_rejected(part, conv, name, template, sample)
             continue
         sample = fit(sample, max_length, strategy, part)
         if sample is None:
@@ -274,10 +305,10 @@ def _encode_chunk(start: int):
         part.lengths.append(len(sample["input_ids"]))
     if not ids:
         return None, part
-    table = pa.table({"input_ids": pa.array(ids, pa.list_(pa.int32())),
-                      "labels": pa.array(labels, pa.list_(pa.int32())),
-                      "length": pa.array(part.lengths, pa.int32())})
-    return table, part
+    return {"input_ids": ids, "labels": labels, "length": part.lengths}, part
+
+
+SFT_ENCODER = Encoder("sft", {"input_ids": "ids", "labels": "ids", "length": "int"}, _sft_chunk)
 
 
 def fit(sample: dict, max_length: int, strategy: str, counts: "Counts") -> dict | None:

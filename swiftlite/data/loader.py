@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from swiftlite.errors import UsageError
 from swiftlite.log import info, warn
 from swiftlite.data.formats import BadRow, detect_format, to_conversation
+from swiftlite.data.pairs import (EXPECTED as PREFERENCE_EXPECTED, KEYS as PREFERENCE_KEYS,
+                                  KTO_FORMATS, PAIR_FORMATS, detect_preference_format,
+                                  to_preference)
 
 BUILTIN = {"self-cognition": "self_cognition.jsonl"}
 MAX_ERRORS_SHOWN = 5
@@ -33,7 +36,22 @@ CSV_CELL_LIMIT = 64 * 2 ** 20  # characters
 BYTES_PER_TEXT_CHAR = 16  # see _check_fits
 READ_BLOCK = 16 * 2 ** 20  # bytes read at a time when a whole file is scanned
 _KEYS = {"messages": {"messages"}, "sharegpt": {"conversations"},
-         "alpaca": {"instruction", "output"}, "query-response": {"query", "response"}}
+         "alpaca": {"instruction", "output"}, "query-response": {"query", "response"},
+         **PREFERENCE_KEYS}
+TASKS = ("sft", "preference")  # what the rows are for: conversations, or rlhf's pairs
+
+
+def content(conv: dict) -> dict:
+    """What a conversation or pair says, without where it came from (for cache keys)."""
+    return {"messages": conv["messages"], "tools": conv.get("tools"),
+            **{k: conv[k] for k in ("chosen", "rejected", "completion", "label") if k in conv}}
+
+
+def convert(row, fmt: str, require_reply: bool = True) -> dict:
+    """The canonical form of one row of a file in format fmt (a conversation, or a pair)."""
+    if fmt in PAIR_FORMATS or fmt in KTO_FORMATS:
+        return to_preference(row, fmt)
+    return to_conversation(row, fmt, require_reply=require_reply)
 
 
 @dataclass
@@ -214,8 +232,8 @@ class Rows(Sequence):
         index, offset, line = item
         path, fmt, require_reply = self._files[index]
         raw = self._line(index, offset)
-        conv = to_conversation(json.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8")),
-                               fmt, require_reply=require_reply)
+        conv = convert(json.loads(raw.removeprefix(codecs.BOM_UTF8).decode("utf-8")), fmt,
+                       require_reply)
         conv["where"] = f"{path}:{line}"
         return conv
 
@@ -234,8 +252,7 @@ class Rows(Sequence):
             if isinstance(item, dict):
                 h.update(places.tobytes())
                 places = array("q")
-                h.update(json.dumps({"messages": item["messages"], "tools": item.get("tools")},
-                                    ensure_ascii=False).encode())
+                h.update(json.dumps(content(item), ensure_ascii=False).encode())
             else:
                 places.extend(item[:2])
         h.update(places.tobytes())
@@ -330,7 +347,7 @@ def load_conversations(specs: list[str], **kwargs) -> tuple[list[dict], LoadRepo
 
 def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = False,
                   model_name=None, model_author=None, require_reply: bool = True,
-                  split_ratio: float = 0.0, num_proc: int = 1) -> Loaded:
+                  split_ratio: float = 0.0, num_proc: int = 1, task: str = "sft") -> Loaded:
     """load_conversations, plus a validation split of split_ratio of each spec's distinct rows
     (taken before #N sampling). A large .jsonl file is checked by num_proc processes, each
     reading its own part of the file."""
@@ -338,7 +355,7 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
     for spec in specs:
         path, n = parse_spec(spec)
         raw_rows, lazy = open_rows(path, model_name, model_author)
-        fmt = file_format(raw_rows, skip_bad_rows)
+        fmt = file_format(raw_rows, skip_bad_rows, task)
         files.append((path, fmt, require_reply))
         if lazy:
             good = _check_jsonl(path, fmt, require_reply, len(files) - 1, num_proc, report,
@@ -435,23 +452,32 @@ def open_rows(path: str, model_name=None, model_author=None):
     return (lambda: ((where, row, None) for where, row in held)), False
 
 
-def file_format(raw_rows, skip_bad_rows: bool) -> str | None:
+def file_format(raw_rows, skip_bad_rows: bool, task: str = "sft") -> str | None:
     """The dataset format of a file, from its first rows that have one (None when no row
     has one and skip_bad_rows lets every row be skipped)."""
+    detect = detect_preference_format if task == "preference" else detect_format
     first_where, first = None, None
     for where, row, _ in raw_rows():
         first_where = first_where or where
         if isinstance(row, BadRow):
             continue
         first = row if first is None else first
-        fmt = detect_format(row)
+        fmt = detect(row)
         if fmt:
             return fmt
     if first is not None and not skip_bad_rows:
         keys = sorted(first) if isinstance(first, dict) else type(first).__name__
-        raise UsageError(f"{first_where}: unknown dataset format (columns {keys}). Expected "
-                         "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + "
-                         "'output' (Alpaca) or 'query' + 'response'.")
+        expected = PREFERENCE_EXPECTED if task == "preference" else (
+            "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + 'output' "
+            "(Alpaca) or 'query' + 'response'")
+        hint = ""
+        if task == "sft" and detect_preference_format(first):
+            hint = " These are preference rows: train on them with swiftlite rlhf."
+        elif task == "preference" and detect_format(first):
+            hint = (" These are SFT conversations without a rejected reply: train on them with "
+                    "swiftlite sft, or add the rejected replies.")
+        raise UsageError(f"{first_where}: unknown {'preference ' if task != 'sft' else ''}"
+                         f"dataset format (columns {keys}). Expected {expected}.{hint}")
     return None
 
 
@@ -459,7 +485,8 @@ def check_row(row, where: str, fmt: str | None, require_reply: bool = True) -> d
     """The conversation of one row of a file in format fmt; BadRow says why it has none."""
     if isinstance(row, BadRow):
         raise row
-    own = detect_format(row)
+    preference = fmt in PAIR_FORMATS or fmt in KTO_FORMATS
+    own = detect_preference_format(row) if preference else detect_format(row)
     if fmt is None:
         raise BadRow("unknown format", "unknown format")
     if own is None and isinstance(row, dict) and not set(row) & _KEYS[fmt]:
@@ -468,7 +495,7 @@ def check_row(row, where: str, fmt: str | None, require_reply: bool = True) -> d
     if own is not None and own != fmt:
         raise BadRow(f"row is in the {own} format, the file's first rows are {fmt}",
                      "mixed formats")
-    conv = to_conversation(row, fmt, require_reply=require_reply)
+    conv = convert(row, fmt, require_reply)
     conv["where"] = where
     return conv
 

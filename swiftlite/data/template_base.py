@@ -72,6 +72,49 @@ class ChatTemplate:
                         else _labels(ids, offsets, r[1])})
         return out
 
+    def encode_replies(self, conversations: list[dict]) -> list:
+        """Preference training: for each {"messages": prompt, "tools"?, "replies": [assistant
+        messages]}, {"prompt_ids", "replies": [{"input_ids", "labels"}, ...]} or the exception
+        that rejects it. The prompt is rendered once with the generation header and tokenised
+        alone, and each reply is the template's rendering of prompt + reply minus that prompt,
+        tokenised alone: every reply continues the very ids the model sees when it is asked
+        to answer (no BPE merge across the boundary), and its labels are what the template
+        trains of that reply (its content, tool calls, reasoning, end of turn)."""
+        texts, layout, out = [], [], []
+        for c in conversations:
+            prompt, tools = c["messages"], c.get("tools")
+            try:
+                self.check_renderable(prompt + c["replies"], tools)
+                prompt_text = self.render_prompt(prompt, tools=tools)
+                pieces = []
+                for reply in c["replies"]:
+                    text, spans = self.render(prompt + [reply], tools=tools)
+                    if not text.startswith(prompt_text):
+                        raise TemplateRejected(
+                            "the template renders the prompt differently once a reply follows "
+                            "it, so a reply cannot continue the prompt's tokens")
+                    n = len(prompt_text)
+                    pieces.append((text[n:], [(max(a - n, 0), b - n) for a, b, k in spans
+                                              if k == len(prompt) and b > n]))
+            except (TemplateRejected, UsageError) as e:
+                out.append(e)
+                continue
+            layout.append(pieces)
+            texts += [prompt_text] + [t for t, _ in pieces]
+            out.append(None)
+        tokenised = iter(self._tokenise(texts))
+        layouts = iter(layout)
+        for i, r in enumerate(out):
+            if r is not None:
+                continue
+            prompt_ids = next(tokenised)[0]
+            replies = []
+            for _, spans in next(layouts):
+                ids, offsets = next(tokenised)
+                replies.append({"input_ids": ids, "labels": _labels(ids, offsets, spans)})
+            out[i] = {"prompt_ids": prompt_ids, "replies": replies}
+        return out
+
     def _tokenise(self, texts: list[str]) -> list[tuple[list[int], list]]:
         """(ids, character offsets) of each text. A fast tokenizer's Rust half is called
         directly when it has no truncation or padding set (what transformers' call does then,

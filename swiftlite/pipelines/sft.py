@@ -5,25 +5,18 @@ model is loaded, so a bad row costs seconds, not a model load.
 """
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 
-from swiftlite.runtime import hardware
 from swiftlite.config.arguments import QUANT_ZERO3, SftArguments
 from swiftlite.config.parsing import build, to_dict
 from swiftlite.data import load_conversations, load_datasets
 from swiftlite.data.encode import describe, encode_dataset, load_cached, show_sample, warn_if_end_of_turn_untrained
 from swiftlite.data.loader import LoadReport
 from swiftlite.errors import UsageError
-from swiftlite.log import info, is_main_process, warn
-from swiftlite.models import resolve_model
+from swiftlite.log import info, is_main_process
 from swiftlite.models.registry import check_model_name
-from swiftlite.models.loader import load_model, load_tokenizer, quantization_config
-from swiftlite.data.template import get_template
-from swiftlite.runtime.output import create_run_dir, last_checkpoint, remove_if_empty
 
 
 @dataclass
@@ -159,25 +152,8 @@ def _stream(args: SftArguments, template, tokenizer, num_proc: int):
 
 def _run(args: SftArguments) -> SftResult:
     t_start = time.time()
-    from swiftlite.runtime.allocator import describe as allocator_line
-    info(allocator_line())
-    hw = hardware.detect()
-    dtype = hardware.training_dtype(args.torch_dtype, hw, args.train_type, args.deepspeed,
-                                    quantized=args.quant_bits is not None)
-    how = ""
-    if args.torch_dtype in (None, "auto"):
-        cpu_bf16 = hw.device == "cpu" and dtype == "bfloat16"
-        how = " (--torch_dtype auto" + (": bf16 frozen base, fp32 activations, LoRA and "
-                                        "optimizer; --torch_dtype float32 for all fp32" if cpu_bf16
-                                        else "") + ")"
-    # On a CPU the dtype follows its flags (hardware.CPU_BF16_FLAGS): name them, so a run log
-    # from another machine says why it chose what it did.
-    where = f"cpu ({hardware.describe_cpu()})" if hw.device == "cpu" else hw.device
-    info(f"training on {where} in {dtype}{how}")
-    hardware.warn_if_emulated_bf16(dtype, hw)
-    if hw.device == "cpu":
-        from swiftlite.runtime.allocator import describe_onednn_caches
-        info(describe_onednn_caches())
+    from swiftlite.training import run
+    hw, dtype = run.hardware_and_dtype(args)
 
     # 1. Data: read and validate every row before loading anything heavy; unless these very
     # files were read and encoded before (data.manifest), then the model comes first.
@@ -191,15 +167,7 @@ def _run(args: SftArguments) -> SftResult:
         train_convs, val_convs, load_report = _read_data(args)
 
     # 2. Model folder, tokenizer and template.
-    model_dir, model_info = resolve_model(args.model)
-    tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
-    template = get_template(args.template or model_info.template, tokenizer, system=args.system,
-                            loss_scale=args.loss_scale)
-    info(f"template: {template.describe()}; system prompt: {template.default_system!r}")
-    if args.train_type == "lora" and not model_info.is_chat and template.name != "default":
-        warn(f"{args.model} is a base model and its {template.describe()} ends turns with "
-             f"{template.end_of_turn!r}, a token it never learned; LoRA trains it only through "
-             "the adapters. Consider --template default, or the -Instruct model.")
+    model_dir, model_info, tokenizer, template = run.model_and_template(args)
 
     # 3. Encode (cached on disk), split, and show what training will see.
     num_proc = _num_proc(args)
@@ -237,77 +205,26 @@ def _run(args: SftArguments) -> SftResult:
             info(train_ds.describe())
             data_report["packing"] = train_ds.stats
 
-    # 5. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
+    # 4. Model + LoRA. The saved tokenizer carries the training template, so the checkpoint
     # renders prompts exactly as trained, with or without swiftlite.
-    from swiftlite.models.targets import check_target_modules_before_loading
-    if args.train_type == "lora":
-        check_target_modules_before_loading(model_dir, args.target_modules,
-                                            args.trust_remote_code)
-    from swiftlite.training.deepspeed import check_cpu_adam, zero3_init
-    check_cpu_adam(args, hw)
-    zero3 = zero3_init(args, hw, dtype)  # noqa: F841  (kept alive: ZeRO-3 loads partitioned)
-    quant = quantization_config(vars(args), dtype)
-    if quant is not None:
-        info(f"QLoRA: the frozen base in {args.quant_bits} bits (bitsandbytes" + (
-            f", {args.bnb_4bit_quant_type}{', double quant' if args.bnb_4bit_use_double_quant else ''}"
-            if args.quant_bits == 4 else ", LLM.int8") + f"), computing in {dtype}")
-    model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
-                       trust_remote_code=args.trust_remote_code,
-                       attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype),
-                       quantization=quant)
-    from swiftlite.training.tuners import prepare_model
-    from transformers import set_seed
-    set_seed(args.seed)  # same LoRA init in every run and on every rank (loss parity, resume)
-    model = prepare_model(model, args, hw.device)
+    model, zero3 = run.load_for_training(args, model_dir, hw, dtype)  # noqa: F841 (kept alive)
     # The model's own template is kept byte for byte (unless --system changed what it renders).
     tokenizer.chat_template = template.to_jinja()
 
-    # 6. The Trainer, then the run folder with every resolved argument. The folder is made
-    # only once everything is set up, so a mistake found earlier leaves no half-made run.
-    from swiftlite.training.plots import plot_losses
+    # 5. The Trainer, then the run folder with every resolved argument.
     from swiftlite.training.trainer import build_trainer
-    from swiftlite.training.launch import agree_run_dir
-    from swiftlite.training.oom import oom_guard
-    run_dir = agree_run_dir(args)  # the same on every rank (rank 0 claims it)
-    try:
-        with oom_guard(args, hw):  # the Trainer moves the model to the GPU: it may not fit
-            trainer = build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw)
-        if args.deepspeed:  # its communication backend is set up by now
-            from swiftlite.training.deepspeed import release_shm_buffer
-            release_shm_buffer()
-    except BaseException:
-        remove_if_empty(run_dir)
-        raise
-    create_run_dir(run_dir)
-    from swiftlite.config.secrets import redact, redact_argv
-    resolved = {**to_dict(args), "model_dir": model_dir, "template": template.name,
-                "template_source": template.describe(),
-                "system": template.saved_system, "torch_dtype": dtype,
-                "hardware": hw.device, "model_type": "chat" if model_info.is_chat else "base",
-                "command": os.environ.get("SWIFTLITE_COMMAND") or " ".join(
-                    redact_argv(sys.argv)),
-                "dataset_report": data_report}
-    if is_main_process():
-        with open(os.path.join(run_dir, "args.json"), "w") as f:
-            json.dump(redact(resolved), f, indent=2, ensure_ascii=False, default=str)
-        info(f"output folder: {run_dir}")
+    trainer, run_dir = run.start_run(args, hw, lambda run_dir: build_trainer(
+        model, tokenizer, train_ds, val_ds, args, run_dir, dtype, hw))
+    run.write_args(run_dir, args, **run.resolved_run(args, model_dir, model_info, template, dtype,
+                                                 hw), dataset_report=data_report)
 
-    # 7. Train.
-    if args.resume_from_checkpoint:
-        info(f"resuming from {args.resume_from_checkpoint}")
-    info(f"ready to train after {time.time() - t_start:.1f} s")
-    with oom_guard(args, hw):  # an OOM is answered with the next step of the tuning ladder
-        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    metrics = dict(result.metrics)
-    if args.streaming:
+    # 6. Train.
+    def stream_metrics() -> dict:
+        if not args.streaming:
+            return {}
         info(f"stream: {stream_report.summary()}")
-        metrics["dataset_stream"] = stream_report.to_dict()
-    if val_ds is not None:
-        metrics.update(trainer.evaluate())
-    last = last_checkpoint(run_dir)
-    if is_main_process():
-        plot_losses(run_dir)
-        with open(os.path.join(run_dir, "metrics.json"), "w") as f:
-            json.dump(metrics, f, indent=2)
-        info(f"done: {run_dir}" + (f"; last checkpoint {last}" if last else ""))
+        return {"dataset_stream": stream_report.to_dict()}
+
+    metrics, last = run.train(trainer, args, hw, run_dir, val_ds is not None, t_start,
+                              stream_metrics)
     return SftResult(run_dir, last, metrics)

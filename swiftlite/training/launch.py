@@ -119,10 +119,10 @@ def claim_run_dir_for(args) -> str:
     return os.path.abspath(root)
 
 
-def maybe_relaunch(args) -> None:
+def maybe_relaunch(args, command: str = "sft") -> None:
     """Re-run this command under torchrun if the environment asks for more processes;
     in a worker started by any launcher, make all ranks agree on the run folder."""
-    argv = ["sft"] + sys.argv[2:]
+    argv = [command] + sys.argv[2:]
     if "LOCAL_RANK" in os.environ:  # a worker: the sft pipeline agrees on the run folder
         return
     os.environ[COMMAND_ENV] = user_command(argv, os.environ)

@@ -5,17 +5,32 @@ import json
 import os
 
 
+def _rows(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "logging.jsonl")
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
 def plot_losses(run_dir: str) -> list[str]:
     """images/train_loss.png (and eval_loss.png) from logging.jsonl."""
-    path = os.path.join(run_dir, "logging.jsonl")
-    if not os.path.exists(path):
+    return _plot(run_dir, (("loss", "train_loss"), ("eval_loss", "eval_loss")))
+
+
+def plot_rewards(run_dir: str) -> list[str]:
+    """Preference training: images/train_rewards_margins.png and
+    images/train_rewards_accuracies.png (and their eval_ twins) from logging.jsonl."""
+    return _plot(run_dir, [(f"{p}rewards/{m}", f"{p or 'train_'}rewards_{m}")
+                           for p in ("", "eval_") for m in ("margins", "accuracies")])
+
+
+def _plot(run_dir: str, series) -> list[str]:
+    rows = _rows(run_dir)
+    if not rows:
         return []
-    rows = [json.loads(line) for line in open(path)]
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     out = []
-    for key, name in (("loss", "train_loss"), ("eval_loss", "eval_loss")):
+    for key, name in series:
         pts = [(r["step"], r[key]) for r in rows if key in r]
         if not pts:
             continue

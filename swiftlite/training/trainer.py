@@ -80,8 +80,10 @@ def trainer_class(chunked_loss: bool):
     return SftTrainer
 
 
-def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype: str, hw):
-    """A transformers Trainer for these arguments and datasets."""
+def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype: str, hw,
+                  trainer_cls=None, data_collator=None, **trainer_kwargs):
+    """A transformers Trainer for these arguments and datasets: SFT's (chunked loss, its
+    collator) unless another method gives its trainer class, collator and their arguments."""
     from swiftlite.runtime.distributed import world_size
     world = world_size()
     accum = args.accumulation_steps(world)
@@ -103,15 +105,16 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         raise UsageError(f"transformers rejects these training arguments: {e}") from None
     _check_optimizer(ta, model)
     one_device(ta, world)
-    trainer_cls = trainer_class(args.chunked_loss)
-    from swiftlite.data.packing import PackedDataset
+    trainer_cls = trainer_cls or trainer_class(args.chunked_loss)
+    if data_collator is None:
+        from swiftlite.data.packing import PackedDataset
+        data_collator = collator(tokenizer, args.padding_free, isinstance(train_ds, PackedDataset))
     trainer = trainer_cls(model=model, args=ta, train_dataset=_without_length(train_ds),
                           eval_dataset=_without_length(val_ds) if has_eval else None,
-                          data_collator=collator(tokenizer, args.padding_free,
-                                                 isinstance(train_ds, PackedDataset)),
-                          processing_class=tokenizer,
+                          data_collator=data_collator, processing_class=tokenizer,
                           callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
-                                     NonFiniteLossGuard(hw), CheckpointArgs(run_dir)])
+                                     NonFiniteLossGuard(hw), CheckpointArgs(run_dir)],
+                          **trainer_kwargs)
     return trainer
 
 

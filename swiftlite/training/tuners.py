@@ -4,10 +4,11 @@ from __future__ import annotations
 from swiftlite.log import info
 from swiftlite.models.targets import ALL_LINEAR, is_all_linear
 
-def prepare_model(model, args, device: str | None = None):
+def prepare_model(model, args, device: str | None = None, adapter: str | None = None):
     """Wrap `model` for training per args.train_type; returns the model to train. `device`:
     where it will train ("cpu", "cuda", "npu"); by default where its weights are now (the
-    Trainer moves a model loaded on the CPU to the GPU only later)."""
+    Trainer moves a model loaded on the CPU to the GPU only later). `adapter`: a LoRA
+    checkpoint whose adapters go on training (its rank and targets, not the arguments')."""
     from swiftlite.training import speedups
     device = device or next(model.parameters()).device.type
     plan = speedups.plan(model, args, device)
@@ -26,22 +27,28 @@ def prepare_model(model, args, device: str | None = None):
         speedups.apply(model, plan)
         info(f"full fine-tuning: {_count(model)} trainable parameters")
         return model
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     targets = args.target_modules
     target = ALL_LINEAR if is_all_linear(targets) else targets
-    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
-                        lora_dropout=args.lora_dropout, target_modules=target,
-                        task_type="CAUSAL_LM")
-    try:
-        model = get_peft_model(model, config)
-    except ValueError as e:
-        from swiftlite.errors import UsageError
-        raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+        config = model.peft_config["default"]
+        target, rank, alpha = config.target_modules, config.r, config.lora_alpha
+        info(f"LoRA adapters from {adapter} (r={rank}, alpha={alpha}) go on training")
+    else:
+        config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
+                            lora_dropout=args.lora_dropout, target_modules=target,
+                            task_type="CAUSAL_LM")
+        try:
+            model = get_peft_model(model, config)
+        except ValueError as e:
+            from swiftlite.errors import UsageError
+            raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
     speedups.apply(model, plan)
     # peft counts a 4-bit parameter as the weights it packs, not its bytes
     trainable, total = model.get_nb_trainable_parameters() if not zero3_partitioned(model) \
         else (_count(model), _count(model, trainable_only=False))
-    info(f"LoRA r={args.lora_rank} alpha={args.lora_alpha} on {target}: {trainable:,} trainable "
+    info(f"LoRA r={config.r} alpha={config.lora_alpha} on {target}: {trainable:,} trainable "
          f"of {total:,} parameters ({100 * trainable / total:.3f}%)")
     return model
 

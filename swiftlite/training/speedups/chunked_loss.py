@@ -82,7 +82,7 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
 
 
-def _unwrap(model):
+def unwrap(model):
     """The transformers *ForCausalLM inside DDP/DeepSpeed and peft wrappers."""
     while hasattr(model, "module"):
         model = model.module
@@ -93,7 +93,7 @@ def _unwrap(model):
 
 def why_unsupported(model) -> str | None:
     """None when the supervised-head loss can replace this model's own loss; else the reason."""
-    lm = _unwrap(model)
+    lm = unwrap(model)
     head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return "the LM head is not a plain bias-free Linear (e.g. LoRA on lm_head)"
@@ -119,7 +119,7 @@ def supervised_head_loss(model, inputs: dict, num_items_in_batch=None, chunk: in
     labels = inputs.pop("labels")
     targets = shifted_targets(labels)
     keep = targets != IGNORE_INDEX
-    lm = _unwrap(model)
+    lm = unwrap(model)
     captured = {}
 
     def grab(_module, _args, output):

@@ -1,0 +1,65 @@
+"""Arguments of `swiftlite infer`."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from swiftlite.config.fields import arg, check_choices, not_positive, raise_if
+from swiftlite.config.generation_args import GenerationArguments
+from swiftlite.config.model_args import ModelArguments, PlacementArguments
+
+
+@dataclass
+class InferArguments(ModelArguments, PlacementArguments, GenerationArguments):
+    """Arguments of `swiftlite infer`. With --ckpt_dir the model, template, system prompt and
+    dtype come from the run's args.json; flags override them."""
+    ckpt_dir: Optional[str] = arg(None, "a LoRA checkpoint (loaded as base + adapter) or a merged "
+                                  "model folder", group="model")
+    query: Optional[str] = arg(None, "answer this one question, print the answer and exit",
+                               group="infer")
+    tools: Optional[str] = arg(None, "functions the model may call: a JSON file or JSON text "
+                               "with a list of OpenAI function schemas; tool calls in the answer "
+                               "are printed as JSON (batch mode: a row's own tools win)",
+                               group="infer")
+    val_dataset: list[str] = arg(help="batch mode: answer every conversation of these files "
+                                 "(any --dataset format) and write JSONL to --result_path",
+                                 factory=list, group="infer")
+    skip_bad_rows: bool = arg(False, "batch mode: skip malformed rows (counted per reason) "
+                              "instead of stopping", group="infer")
+    result_path: Optional[str] = arg(None, "batch mode output JSONL (default: "
+                                     "<ckpt_dir or output>/infer_result/<timestamp>.jsonl)",
+                                     group="infer")
+    max_batch_size: int = arg(8, "batch mode: conversations generated together", group="infer")
+    stream: bool = arg(True, "interactive mode: print the answer token by token", group="infer")
+
+    def validate(self) -> "InferArguments":
+        problems = []
+        if not self.ckpt_dir and not self.model:
+            problems.append("give --ckpt_dir (a checkpoint or merged folder) or --model (a model "
+                            "folder, hub id or alias)")
+        if self.ckpt_dir and not os.path.isdir(self.ckpt_dir):
+            problems.append(f"--ckpt_dir {self.ckpt_dir}: no such folder")
+        if self.query is not None and not self.query.strip():
+            problems.append("--query is empty")
+        if self.query is not None and self.val_dataset:
+            problems.append("give --query or --val_dataset, not both")
+        problems += self.quant_problems()
+
+        problems += check_choices(self)
+        problems += not_positive(self, ("max_new_tokens", "max_batch_size"))
+        if self.temperature < 0:
+            problems.append(f"--temperature must be 0 or more, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"--top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            problems.append(f"--top_k must be 0 or more, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            problems.append(f"--repetition_penalty must be positive, got "
+                            f"{self.repetition_penalty}")
+        raise_if(problems)
+        return self
+
+    def generation_kwargs(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationArguments)}

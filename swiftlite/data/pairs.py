@@ -1,0 +1,226 @@
+"""Preference rows (`swiftlite rlhf`), detected per file and normalised to one canonical shape:
+
+  a pair      {"messages": the prompt (ends with a user or tool turn), "chosen": an assistant
+               message, "rejected": an assistant message, "tools"?}
+  unpaired    {"messages": the prompt, "completion": an assistant message, "label": bool}
+              (KTO: true = desirable)
+
+Replies are assistant messages as in SFT rows, so they may carry tool calls and reasoning.
+
+  pair-messages   ms-swift: "messages" ending with the chosen reply, plus "rejected_response"
+                  (a string) or "rejected_messages" (the whole conversation, rejected last)
+  pair-trl        TRL: "prompt" / "chosen" / "rejected", message lists or strings; without
+                  "prompt" the prompt is what chosen and rejected share (TRL's implicit prompt)
+  pair-sharegpt   LLaMA-Factory: "conversations" plus "chosen" / "rejected" turns ({from, value})
+  pair-alpaca     LLaMA-Factory: "instruction" / "input" / "chosen" / "rejected" strings
+  kto-messages    ms-swift: "messages" ending with the completion, plus "label"
+  kto-trl         TRL: "prompt" / "completion" / "label"
+
+KTO also takes paired files: each pair becomes a desirable and an undesirable row. A row that
+does not fit raises BadRow with a reason; the loader adds file and line.
+"""
+from __future__ import annotations
+
+from swiftlite.data.formats import to_conversation
+from swiftlite.data.tools import BadRow
+
+PAIR_FORMATS = ("pair-messages", "pair-trl", "pair-sharegpt", "pair-alpaca")
+KTO_FORMATS = ("kto-messages", "kto-trl")
+KEYS = {"pair-messages": {"messages", "rejected_response", "rejected_messages"},
+        "pair-trl": {"chosen", "rejected"}, "pair-sharegpt": {"conversations", "chosen"},
+        "pair-alpaca": {"instruction", "chosen"}, "kto-messages": {"messages", "label"},
+        "kto-trl": {"completion", "label"}}
+EXPECTED = ("'messages' + 'rejected_response' (ms-swift), 'prompt' + 'chosen' + 'rejected' "
+            "(TRL), 'conversations' + 'chosen' + 'rejected' (LLaMA-Factory ShareGPT), "
+            "'instruction' + 'chosen' + 'rejected' (LLaMA-Factory Alpaca); for KTO also "
+            "'messages' + 'label' or 'prompt' + 'completion' + 'label'")
+
+
+def detect_preference_format(row) -> str | None:
+    if not isinstance(row, dict):
+        return None
+    if "messages" in row and ("rejected_response" in row or "rejected_messages" in row):
+        return "pair-messages"
+    if "chosen" in row and "rejected" in row:
+        if "conversations" in row:
+            return "pair-sharegpt"
+        if "instruction" in row:
+            return "pair-alpaca"
+        return "pair-trl"
+    if "label" in row and "messages" in row:
+        return "kto-messages"
+    if "label" in row and "completion" in row:
+        return "kto-trl"
+    return None
+
+
+def to_preference(row, fmt: str) -> dict:
+    """One row in format fmt as a canonical pair or unpaired row; BadRow says why it is not."""
+    if not isinstance(row, dict):
+        raise BadRow(f"expected a JSON object, got {type(row).__name__}", "not an object")
+    if fmt == "pair-messages":
+        prompt, chosen, tools = _split_last(_conversation({"messages": row["messages"]}, row,
+                                                          "messages"), "messages")
+        if row.get("rejected_response") is not None:
+            rejected = _reply(row["rejected_response"], "rejected_response")
+        elif row.get("rejected_messages") is not None:
+            other, rejected, _ = _split_last(_conversation(
+                {"messages": row["rejected_messages"]}, row, "messages"), "rejected_messages")
+            if other != prompt:
+                raise BadRow("'rejected_messages' does not share the prompt of 'messages' (all "
+                             "but the last message must be equal)", "prompts differ")
+        else:
+            raise BadRow("no rejected reply: add 'rejected_response' (a string) or "
+                         "'rejected_messages'", "missing rejected")
+        return _pair(prompt, chosen, rejected, tools)
+    if fmt == "pair-trl":
+        return _trl_pair(row)
+    if fmt in ("pair-sharegpt", "pair-alpaca"):
+        base = "sharegpt" if fmt == "pair-sharegpt" else "alpaca"
+        replies = []
+        for key in ("chosen", "rejected"):
+            if row.get(key) is None:
+                raise BadRow(f"'{key}' is missing", f"missing {key}")
+            if base == "sharegpt":
+                turns = row.get("conversations")
+                if not isinstance(turns, list):
+                    raise BadRow("'conversations' must be a list of {from, value} objects",
+                                 "unknown format")
+                full = {**row, "conversations": turns + [row[key]]}
+            else:
+                full = {**row, "output": row[key]}
+            replies.append(_split_last(_conversation(full, row, base), key))
+        (prompt, chosen, tools), (_, rejected, _) = replies
+        return _pair(prompt, chosen, rejected, tools)
+    if fmt == "kto-messages":
+        prompt, completion, tools = _split_last(_conversation({"messages": row["messages"]}, row,
+                                                              "messages"), "messages")
+        return _unpaired(prompt, completion, row.get("label"), tools)
+    if fmt == "kto-trl":
+        prompt, tools = _prompt(row.get("prompt"), row)
+        return _unpaired(prompt, _reply(row.get("completion"), "completion"), row.get("label"),
+                         tools)
+    raise BadRow(f"unknown format {fmt!r}", "unknown format")
+
+
+def unpair(rows: list[dict]) -> list[dict]:
+    """KTO from paired rows: each pair as a desirable (chosen) and an undesirable (rejected)
+    row, as TRL's unpair_preference_dataset does."""
+    out = []
+    for r in rows:
+        if "label" in r:
+            out.append(r)
+            continue
+        base = {k: v for k, v in r.items() if k not in ("chosen", "rejected")}
+        out += [{**base, "completion": r["chosen"], "label": True},
+                {**base, "completion": r["rejected"], "label": False}]
+    return out
+
+
+def _conversation(fields: dict, row: dict, fmt: str) -> dict:
+    """The SFT normalisation of a conversation ending with an assistant reply (roles, tool calls
+    and order checked as for SFT rows); the row's tools and system come along."""
+    full = {**{k: row[k] for k in ("tools", "system", "history", "input") if k in row}, **fields}
+    if fmt == "alpaca":
+        full["instruction"] = row.get("instruction")
+    return to_conversation(full, fmt)
+
+
+def _split_last(conv: dict, key: str) -> tuple[list, dict, list | None]:
+    """(prompt messages, the last message as the reply, tools)."""
+    msgs = conv["messages"]
+    if len(msgs) < 2 or msgs[-1]["role"] != "assistant":
+        raise BadRow(f"'{key}' must end with an assistant reply after the prompt", "no reply")
+    return msgs[:-1], msgs[-1], conv.get("tools")
+
+
+def _reply(value, key: str) -> dict:
+    """An assistant message from a string, a message, or a one-message list."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, str):
+        return {"role": "assistant", "content": value}
+    if isinstance(value, dict):
+        conv = to_conversation({"messages": [{"role": "user", "content": "."}, value]},
+                               "messages")
+        if conv["messages"][-1]["role"] == "assistant":
+            return conv["messages"][-1]
+    if value is None:
+        raise BadRow(f"'{key}' is missing", f"missing {key.split('_')[0]}")
+    raise BadRow(f"'{key}' must be a string or one assistant message", f"bad {key}")
+
+
+def _prompt(value, row: dict) -> tuple[list, list | None]:
+    """TRL's explicit prompt: a string (one user turn) or a message list ending with a user or
+    tool turn."""
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise BadRow("'prompt' must be a string or a list of messages", "bad prompt")
+    conv = to_conversation({"messages": value, "tools": row.get("tools")}, "messages",
+                           require_reply=False)
+    if conv["messages"][-1]["role"] == "assistant":
+        raise BadRow("the prompt ends with an assistant turn: the reply to learn must be in "
+                     "'chosen' / 'rejected' / 'completion'", "prompt ends with assistant")
+    return conv["messages"], conv.get("tools")
+
+
+def _trl_pair(row: dict) -> dict:
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    for key, v in (("chosen", chosen), ("rejected", rejected)):
+        if v is None:
+            raise BadRow(f"'{key}' is missing", f"missing {key}")
+    if row.get("prompt") is not None:
+        prompt, tools = _prompt(row["prompt"], row)
+        return _pair(prompt, _reply(chosen, "chosen"), _reply(rejected, "rejected"), tools)
+    # the implicit prompt: what chosen and rejected share
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        n = 0
+        while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+            n += 1
+        n = max(chosen.rfind(" ", 0, n + 1), 0)  # never inside a word
+        if not chosen[:n].strip():
+            raise BadRow("'chosen' and 'rejected' share no prompt; add 'prompt'", "no prompt")
+        return _pair([{"role": "user", "content": chosen[:n].strip()}],
+                     _reply(chosen[n:].lstrip(), "chosen"),
+                     _reply(rejected[n:].lstrip(), "rejected"), None)
+    if not (isinstance(chosen, list) and isinstance(rejected, list)):
+        raise BadRow("'chosen' and 'rejected' must both be message lists or both strings",
+                     "bad chosen")
+    conv_c = to_conversation({"messages": chosen, "tools": row.get("tools")}, "messages")
+    conv_r = to_conversation({"messages": rejected, "tools": row.get("tools")}, "messages")
+    pc, reply_c, tools = _split_last(conv_c, "chosen")
+    pr, reply_r, _ = _split_last(conv_r, "rejected")
+    if pc != pr:
+        raise BadRow("without 'prompt', 'chosen' and 'rejected' must be the same conversation "
+                     "up to their last (assistant) message", "prompts differ")
+    return _pair(pc, reply_c, reply_r, tools)
+
+
+def _pair(prompt: list, chosen: dict, rejected: dict, tools) -> dict:
+    if chosen.get("role") != "assistant" or rejected.get("role") != "assistant":
+        raise BadRow("chosen and rejected must be assistant replies", "bad reply")
+    if not prompt or prompt[-1]["role"] not in ("user", "tool"):
+        raise BadRow("the prompt must end with a user (or tool) turn", "prompt ends with assistant")
+    out = {"messages": [_no_loss(m) for m in prompt], "chosen": _no_loss(chosen),
+           "rejected": _no_loss(rejected)}
+    if tools:
+        out["tools"] = tools
+    return out
+
+
+def _unpaired(prompt: list, completion: dict, label, tools) -> dict:
+    if not isinstance(label, bool):
+        raise BadRow(f"'label' must be true or false, got {label!r}", "bad label")
+    if not prompt or prompt[-1]["role"] not in ("user", "tool"):
+        raise BadRow("the prompt must end with a user (or tool) turn", "prompt ends with assistant")
+    out = {"messages": [_no_loss(m) for m in prompt], "completion": _no_loss(completion),
+           "label": label}
+    if tools:
+        out["tools"] = tools
+    return out
+
+
+def _no_loss(m: dict) -> dict:
+    """Preference training trains the reply alone: a message's own "loss" key has no say."""
+    return {k: v for k, v in m.items() if k != "loss"}

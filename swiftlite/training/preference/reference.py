@@ -1,0 +1,65 @@
+"""--precompute_ref_log_probs: the reference log-probs of every pair, computed once before
+training and kept beside the encoded pairs in the cache, so that a second run on the same pairs
+and reference reuses them and each step runs the policy alone.
+
+The cache key covers what the numbers depend on: the encoded pairs (their cache entry), the
+model's weights files, the adapter that is the reference (or none), and the dtype."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from swiftlite.log import info
+
+
+def _weights_fingerprint(folder: str) -> list:
+    """Names, sizes and modification times of a folder's weight files (cheap, and changed by
+    any rewrite of them)."""
+    out = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith((".safetensors", ".bin", ".json")):
+            st = os.stat(os.path.join(folder, name))
+            out.append([name, st.st_size, int(st.st_mtime)])
+    return out
+
+
+def _key(report, args, adapter: str | None) -> str | None:
+    if not report.cache_path:
+        return None  # data not cached (--load_from_cache_file false): nothing to key on
+    from swiftlite.models import resolve_model
+    model_dir, _ = resolve_model(args.model)
+    h = hashlib.sha256(json.dumps([
+        report.cache_path, _weights_fingerprint(model_dir),
+        _weights_fingerprint(adapter) if adapter else None, args.torch_dtype,
+        args.quant_bits, args.attn_impl]).encode())
+    return h.hexdigest()[:20]
+
+
+def with_reference_logps(model, dataset, report, collator, args, hw, adapter: str | None):
+    """`dataset` with ref_chosen_logps / ref_rejected_logps columns."""
+    import torch
+
+    from swiftlite.training.preference.trainer import precompute_reference
+    key = _key(report, args, adapter)
+    path = os.path.join(report.cache_path, f"ref_logps-{key}.pt") if key else None
+    if path and os.path.exists(path):
+        chosen, rejected = torch.load(path, weights_only=True)
+        info(f"reference log-probs loaded from {path}")
+    else:
+        device = "cuda" if hw.device == "cuda" else hw.device
+        model.to(device)
+        as_is = adapter is not None or args.train_type == "full"  # the model as it starts
+        what = (f"the adapters of {adapter}" if adapter else "the model as it starts") if as_is \
+            else "the model without its adapters"
+        info(f"computing the reference log-probs of {len(dataset)} pairs once ({what}) ...")
+        chosen, rejected = precompute_reference(model, dataset, collator,
+                                                args.per_device_eval_batch_size, device,
+                                                use_adapters=as_is)
+        if path:
+            tmp = f"{path}.tmp-{os.getpid()}"
+            torch.save((chosen, rejected), tmp)
+            os.replace(tmp, path)
+            info(f"reference log-probs cached in {path}")
+    return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps",
+                                                                     rejected)
