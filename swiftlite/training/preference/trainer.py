@@ -42,9 +42,9 @@ def preference_trainer_class():
             self.model_accepts_loss_kwargs = False
             self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
 
-        def _reference_logps(self, model, inputs: dict) -> torch.Tensor:
+        def _reference_logps(self, model, inputs: dict, n: int) -> torch.Tensor:
             with reference_model(self.accelerator.unwrap_model(model)):
-                return sequence_logps(model, inputs, inputs["num_sequences"])[0]
+                return sequence_logps(model, inputs, n)[0]
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             cfg = self.loss_config
@@ -61,7 +61,7 @@ def preference_trainer_class():
                     if "ref_chosen_logps" in inputs:
                         ref_c, ref_r = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
                     else:
-                        ref = self._reference_logps(model, inputs)
+                        ref = self._reference_logps(model, inputs, n)
                         ref_c, ref_r = ref[:half], ref[half:]
                 loss, metrics = paired_loss(cfg, chosen, rejected, ref_c, ref_r)
             self._record(mode, metrics)
@@ -72,8 +72,8 @@ def preference_trainer_class():
             n, kl_inputs = inputs["num_sequences"], _sub_batch(inputs, "kl_")
             with torch.no_grad():
                 kl_logps = sequence_logps(model, kl_inputs, n)[0]
-            ref = self._reference_logps(model, inputs)
-            ref_kl = self._reference_logps(model, kl_inputs)
+            ref = self._reference_logps(model, inputs, n)
+            ref_kl = self._reference_logps(model, kl_inputs, n)
             kl = self.accelerator.gather_for_metrics((kl_logps - ref_kl).mean().detach())
             kl = kl.mean().clamp(min=0)
             return kto_loss(self.loss_config, logps, ref, inputs["label"], kl)
