@@ -1,4 +1,5 @@
-"""tcmalloc (lower peak memory), the cast of a checkpoint on load one tensor at a time, and an instant --help."""
+"""tcmalloc (lower peak memory), the cast of a checkpoint on load one tensor at a time, and an
+instant --help."""
 from __future__ import annotations
 
 import json
@@ -47,7 +48,7 @@ def test_commands_run_under_tcmalloc_when_installed(tcmalloc, tiny_qwen2, chat_j
 
 
 def test_a_script_reexecutes_itself_under_tcmalloc(tcmalloc, tmp_path):
-    """scripts/bench_sft.py trains in its own process (`ab`, `profile`): it re-executes itself
+    """benchmarks/bench_sft.py trains in its own process (`ab`, `profile`): it re-executes itself
     under tcmalloc like `swiftlite sft`, so its figures are the command's (under glibc its steps
     were slower: docs/performance.md), with its own arguments intact."""
     script = tmp_path / "script.py"

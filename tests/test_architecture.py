@@ -13,7 +13,7 @@ PACKAGE = os.path.join(REPO, "swiftlite")
 LAYERS = [
     {"swiftlite.cli", "swiftlite.webui"},
     {"swiftlite.pipelines"},
-    {"swiftlite.training", "swiftlite.inference"},
+    {"swiftlite.training", "swiftlite.inference", "swiftlite.export", "swiftlite.evaluation"},
     {"swiftlite.estimate"},
     {"swiftlite.data", "swiftlite.models"},
     {"swiftlite.config"},

@@ -1,4 +1,5 @@
-"""--chunked_loss: the LM head only at trained positions, in chunks, equals the model's own loss, including its normalisation per trained token across gradient accumulation."""
+"""--chunked_loss: the LM head only at trained positions, in chunks, equals the model's own
+loss, including its normalisation per trained token across gradient accumulation."""
 from __future__ import annotations
 
 

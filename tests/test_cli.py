@@ -71,8 +71,10 @@ def test_config_file_and_overrides(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(REPO, "examples", "*.yaml"))))
 def test_every_example_config_loads_and_validates(path):
+    from swiftlite.config.rlhf_args import RlhfArguments
     values = load_config_file(path)
-    args = build(SftArguments, values, where=path).validate()
+    kind = RlhfArguments if os.path.basename(path).startswith("rlhf") else SftArguments
+    args = build(kind, values, where=path).validate()
     assert args.model and args.dataset
     for spec in args.dataset:  # example data files exist
         file = spec.split("#")[0]

@@ -201,11 +201,11 @@ def test_cli_refuses_bad_input_with_what_to_do():
 @pytest.mark.slow
 def test_estimate_against_a_measured_cpu_run():
     """The whole estimate (weights, optimizer states, activations, loss) against the peak
-    memory of a real tiny-qwen2 LoRA run in its own process (scripts/estimate_vs_measured.py
+    memory of a real tiny-qwen2 LoRA run in its own process (benchmarks/estimate_vs_measured.py
     measures it; docs/estimate.md lists larger runs). The bound is the documented error."""
     import importlib.util
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts",
-                        "estimate_vs_measured.py")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "benchmarks", "estimate_vs_measured.py")
     spec = importlib.util.spec_from_file_location("estimate_vs_measured", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

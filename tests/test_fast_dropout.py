@@ -1,4 +1,5 @@
-"""--fast_dropout: LoRA dropout drawn as the positions it drops is dropout, replayed by checkpointing, and learns like torch's."""
+"""--fast_dropout: LoRA dropout drawn as the positions it drops is dropout, replayed by
+checkpointing, and learns like torch's."""
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
-"""--fp32_activations / --torch_dtype bfloat16 on a CPU: bf16 frozen base, LoRA and optimizer in fp32; GPU runs keep peft's layers and torch's precision."""
+"""--fp32_activations / --torch_dtype bfloat16 on a CPU: bf16 frozen base, LoRA and optimizer
+in fp32; GPU runs keep peft's layers and torch's precision."""
 from __future__ import annotations
 
 

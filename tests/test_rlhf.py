@@ -332,3 +332,53 @@ def test_smollm2_learns_to_prefer_held_out_chosen_replies(smollm2, tmp_path):
     better = sum(a > b for a, b in zip(after, before))
     assert better >= 11, (before, after)
     assert sum(after) / len(after) > sum(before) / len(before) + 1.0
+
+
+# -- DeepSpeed ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dpo_single(pairs_jsonl, tmp_path_factory):
+    """The reference run: one process, 4 pairs a step, no dropout (the ranks' sums are the same)."""
+    import swiftlite
+    run = swiftlite.rlhf(dataset=[pairs_jsonl], max_steps=3, save_steps=100, lora_dropout=0.0,
+                         output_dir=str(tmp_path_factory.mktemp("dpo_single")),
+                         **{**TINY, "learning_rate": 5e-3})
+    return [(r["step"], r["loss"], r["rewards/margins"]) for r in read_log(run.output_dir)
+            if "loss" in r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_zero_on_two_processes_equals_one(stage, dpo_single, pairs_jsonl, tmp_path):
+    """2 processes x 2 pairs = 1 process x 4 pairs, step by step; under ZeRO-3 the reference
+    (adapters off) and the policy both run on partitioned weights."""
+    from test_deepspeed import child_env, free_port, the_run_dir
+    run_cli("rlhf", "--model", "tiny-qwen2", "--dataset", pairs_jsonl, "--max_steps", "3",
+            "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "1",
+            "--learning_rate", "5e-3", "--logging_steps", "1", "--lora_dropout", "0",
+            "--report_to", "none", "--torch_dtype", "float32", "--save_steps", "3",
+            "--deepspeed", stage, "--output_dir", tmp_path,
+            env=child_env(NPROC_PER_NODE=2, MASTER_PORT=free_port()))
+    run_dir = the_run_dir(tmp_path)
+    got = [(r["step"], r["loss"], r["rewards/margins"]) for r in read_log(run_dir) if "loss" in r]
+    assert [s for s, _, _ in got] == [s for s, _, _ in dpo_single]
+    for (step, loss, margin), (_, loss1, margin1) in zip(got, dpo_single):
+        assert loss == pytest.approx(loss1, abs=1e-4), (step, loss, loss1)
+        assert margin == pytest.approx(margin1, abs=1e-4), (step, margin, margin1)
+    from safetensors.torch import load_file
+    tensors = load_file(os.path.join(run_dir, "checkpoint-3", "adapter_model.safetensors"))
+    assert tensors and all(t.numel() > 0 for t in tensors.values())  # no empty ZeRO-3 shards
+
+
+def test_estimate_counts_two_sequences_per_pair():
+    from swiftlite.config.arguments import EstimateArguments
+    from swiftlite.estimate.plan import for_training, run
+    from swiftlite.config.rlhf_args import RlhfArguments
+    common = dict(model="Qwen2-1.5B-Instruct", max_length=1024)
+    act = lambda **kw: [r["gpu"]["activations"] for r in  # noqa: E731
+                        run(EstimateArguments(**common, **kw))["rows"]]
+    assert act(batch_size=2, rlhf_type="dpo") == act(batch_size=4)
+    assert act(batch_size=2, rlhf_type="kto") == act(batch_size=2)
+    # --deepspeed auto: the estimate of an rlhf run carries its method
+    est = for_training(RlhfArguments(model="Qwen2-1.5B-Instruct", dataset=["d"],
+                                     rlhf_type="orpo"), torch_dtype="bfloat16")
+    assert est.rlhf_type == "orpo"

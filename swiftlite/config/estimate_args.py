@@ -41,6 +41,11 @@ class EstimateArguments:
                                     group="tuner")
     bnb_4bit_use_double_quant: bool = arg(True, "as sft's: 4-bit scales quantized too",
                                           group="tuner")
+    rlhf_type: Optional[str] = arg(None, "as rlhf's --rlhf_type: dpo, orpo, simpo and cpo "
+                                   "train two sequences (chosen and rejected) per pair, so a "
+                                   "batch holds twice the tokens; kto one (the reference and its "
+                                   "KL passes run without gradients: they keep no activations)",
+                                   group="train")
     json: bool = arg(False, "print JSON instead of the table", group="train")
 
     def validate(self) -> "EstimateArguments":
@@ -52,6 +57,9 @@ class EstimateArguments:
         if not self.model:
             problems.append("--model is required (an alias such as Qwen2-1.5B-Instruct, a model "
                             "folder or a config.json)")
+        if self.rlhf_type not in (None, "dpo", "orpo", "simpo", "cpo", "kto"):
+            problems.append(f"--rlhf_type {self.rlhf_type}: choose one of dpo, orpo, simpo, "
+                            "cpo, kto")
         problems += check_choices(self)
         problems += not_positive(self, ("gpus", "nodes", "lora_rank", "max_length", "batch_size"))
         if not 0 <= self.lora_dropout < 1:

@@ -22,7 +22,7 @@ from swiftlite.errors import UsageError
 from swiftlite.log import info, warn
 from swiftlite.runtime.paths import cache_dir
 from swiftlite.config.constants import IGNORE_INDEX
-from swiftlite.data.loader import content
+from swiftlite.data.rows import content
 from swiftlite.data.template_base import ChatTemplate
 
 TRUNCATION_STRATEGIES = ("delete", "left", "right")
@@ -94,7 +94,7 @@ def cache_key(conversations: list, template: ChatTemplate, max_length: int, stra
                          max_length, strategy] + ([encoder_name] if encoder_name != "sft"
                                                   else [])).encode())
     h.update(tokenizer_fingerprint(template.tokenizer).encode())
-    if hasattr(conversations, "digest"):  # data.loader.Rows: the lines as they are on disk
+    if hasattr(conversations, "digest"):  # data.rows.Rows: the lines as they are on disk
         conversations.digest(h)
         return h.hexdigest()[:24]
     for c in conversations:

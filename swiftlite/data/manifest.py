@@ -23,7 +23,7 @@ def files_key(args) -> str | None:
     """The key of the data files as they are now, with the settings that decide which rows
     are read from them; None if a file is missing (the normal path will say so)."""
     from swiftlite.data.encode import ENCODER_VERSION
-    from swiftlite.data.loader import BUILTIN, parse_spec
+    from swiftlite.data.files import BUILTIN, parse_spec
     h = hashlib.sha256(json.dumps(
         [ENCODER_VERSION, args.dataset, args.val_dataset, args.data_seed,
          args.split_dataset_ratio, args.skip_bad_rows, args.model_name, args.model_author]

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from swiftlite.data.encode import Counts, check_truncation_strategy, fit
 from swiftlite.data.formats import BadRow
-from swiftlite.data.loader import check_row, file_format, open_rows, parse_spec
+from swiftlite.data.files import open_rows, parse_spec
+from swiftlite.data.loader import check_row, file_format
 from swiftlite.data.template_base import ChatTemplate
 from swiftlite.errors import UsageError
 

@@ -16,6 +16,11 @@ _HARDWARE = ("gpus", "nodes", "gpu_memory", "cpu_memory")
 _OUTPUT = ("json",)
 
 
+def sequences_per_row(rlhf_type: str | None) -> int:
+    """Sequences trained per row of a batch: a preference pair is two (chosen, rejected)."""
+    return 2 if rlhf_type in ("dpo", "orpo", "simpo", "cpo") else 1
+
+
 def run(args: EstimateArguments) -> dict:
     """The estimate as a dict (what `swiftlite estimate --json` prints)."""
     args.validate()
@@ -25,7 +30,8 @@ def run(args: EstimateArguments) -> dict:
     def rows_for(bits):
         return estimate(spec, gpus_per_node=args.gpus, nodes=args.nodes, dtype=args.torch_dtype,
                         train_type=args.train_type, max_length=args.max_length,
-                        batch_size=args.batch_size, lora_dropout=args.lora_dropout,
+                        batch_size=args.batch_size * sequences_per_row(args.rlhf_type),
+                        lora_dropout=args.lora_dropout,
                         chunked_loss=args.chunked_loss,
                         selective_checkpointing=args.selective_checkpointing,
                         quant_bits=bits, double_quant=args.bnb_4bit_use_double_quant)

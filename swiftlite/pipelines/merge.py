@@ -265,7 +265,7 @@ def _save_generation_config(base_dir, config, template, tokenizer, out_dir) -> N
 def naive_merge(base_dir: str, ckpt_dir: str, out_dir: str, dtype, max_shard_size="5GB") -> dict:
     """peft's merge: the whole base model in fp32, merge_and_unload, save_pretrained.
     The fallback for adapters the tensor-by-tensor merge does not handle, and the baseline
-    of scripts/bench_infer.py."""
+    of benchmarks/bench_infer.py."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from swiftlite.config.arguments import QUANT_ZERO3, SftArguments
 from swiftlite.config.parsing import build, to_dict
 from swiftlite.data import load_conversations, load_datasets
-from swiftlite.data.encode import describe, encode_dataset, load_cached, show_sample, warn_if_end_of_turn_untrained
+from swiftlite.data.encode import (describe, encode_dataset, load_cached, show_sample,
+                                   warn_if_end_of_turn_untrained)
 from swiftlite.data.loader import LoadReport
 from swiftlite.errors import UsageError
 from swiftlite.log import info, is_main_process

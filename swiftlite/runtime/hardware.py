@@ -157,7 +157,8 @@ def resolve_dtype(requested: str | None, hw: Hardware) -> str:
 def training_dtype(requested: str | None, hw: Hardware, train_type: str = "lora",
                    deepspeed: str | None = None, quantized: bool = False) -> str:
     """`swiftlite sft`'s compute dtype. On a CPU with AMX-BF16 or AVX-512-BF16, `auto` trains
-    LoRA on a bf16 base with fp32 activations, LoRA weights and optimizer (training/speedups/fp32_activations.py),
+    LoRA on a bf16 base with fp32 activations, LoRA weights and optimizer
+    (training/speedups/fp32_activations.py),
     faster than fp32 at the same final loss (docs/performance.md).
     Full fine-tuning (it needs fp32 master weights) and DeepSpeed on a CPU stay fp32, and so
     does a quantized (QLoRA) base on a CPU: bitsandbytes' layers would return bf16, and bf16

@@ -29,7 +29,8 @@ def collator(tokenizer, padding_free: bool, packed: bool = False):
 
 
 def trainer_class(chunked_loss: bool):
-    """The HF Trainer, or a subclass whose training loss is swiftlite.training.speedups.chunked_loss.supervised_head_loss
+    """The HF Trainer, or a subclass whose training loss is
+    swiftlite.training.speedups.chunked_loss.supervised_head_loss
     (LM head only at trained positions, chunked). Evaluation keeps the model's own loss."""
     from transformers import Trainer
 

@@ -155,7 +155,7 @@ def to_args(raw: dict, extra: str = "", *, output_root: str | None = None,
 
 def check_paths(args: SftArguments) -> list[str]:
     """Typed paths must exist and be of the right kind; nothing is downloaded to check."""
-    from swiftlite.data.loader import BUILTIN, parse_spec
+    from swiftlite.data.files import BUILTIN, parse_spec
     from swiftlite.models.registry import MODELS, lookup
     problems = []
     m = args.model

@@ -83,7 +83,7 @@ class Policy:
 
     def sft_problems(self, args) -> list[str]:
         """Everything of an SftArguments this Web-UI does not allow."""
-        from swiftlite.data.loader import BUILTIN, parse_spec
+        from swiftlite.data.files import BUILTIN, parse_spec
         problems = self.model_problems("--model", args.model or "")
         problems += self.remote_code_problems(args.trust_remote_code)
         for flag, specs in (("--dataset", args.dataset), ("--val_dataset", args.val_dataset)):

@@ -1,4 +1,5 @@
-"""The preference losses (the methods and their loss types: config.rlhf_args), from per-sequence log-probabilities, with the metrics TRL reports.
+"""The preference losses (the methods and their loss types: config.rlhf_args), from
+per-sequence log-probabilities, with the metrics TRL reports.
 
 Each method's formulas and defaults are TRL 1.16's (DPOTrainer, CPOTrainer with SimPO,
 ORPOTrainer, KTOTrainer); tests/unit/test_preference_losses.py checks every loss type against

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from swiftlite.log import info, warn
+from swiftlite.runtime.hardware import cpu_flags
 
 
 @dataclass(frozen=True)
@@ -71,13 +72,20 @@ def plan(model, args, device: str) -> Plan:
                  "aside (it works on plain linear layers); padding_free, chunked_loss and "
                  "fast_dropout stay on")
         fused = selective = fp32_act = False
+    bf16_lora = fused and fp32_act and args.bf16_lora_matmuls
+    if bf16_lora and "amx_bf16" in cpu_flags():
+        # Measured on AVX-512-BF16 only: on AMX its 12-step loss drifted 4.5x further from an
+        # all-fp32 run than fp32 adapter products on the same bf16 base (docs/performance.md)
+        info("--bf16_lora_matmuls steps aside on this AMX CPU (its bf16 adapter products "
+             "drift from fp32 ones here): fp32 adapter matmuls over the bf16 base")
+        bf16_lora = False
     # --attn_impl given: the user's attention implementation, as it is
     packed = args.padding_free and not args.attn_impl
     return Plan(
         packed_attention=packed,
         selective_checkpointing=selective, fast_dropout=lora and args.fast_dropout,
         fused_lora=fused, fp32_activations=fp32_act,
-        bf16_lora_matmuls=fused and fp32_act and args.bf16_lora_matmuls,
+        bf16_lora_matmuls=bf16_lora,
         reentrant_checkpointing=reentrant,
         # in packed attention's CPU path, and only a recompute can use what it keeps
         keep_attention=(packed and args.keep_attention and args.gradient_checkpointing

@@ -3,7 +3,8 @@
 torch multiplies fp32 matrices with the BLAS it was built with (MKL in the PyPI wheels), and
 bf16 ones with oneDNN. On an AMD EPYC with AVX-512, MKL ran its AVX2 code: SmolLM2's layer
 products in fp32 at less than half the rate of oneDNN's AVX-512 kernels (figures in
-docs/performance.md); on a CPU whose BLAS uses all of it the two are close. So which one runs is measured once per process on a layer-sized product, not guessed
+docs/performance.md); on a CPU whose BLAS uses all of it the two are close. So which one runs
+is measured once per process on a layer-sized product, not guessed
 from the vendor, and said in the run log. Both are fp32 throughout (oneDNN's fp32 math mode
 is left at its default, with no bf16 or tf32 rounding); only the order of the sums differs.
 

@@ -7,8 +7,8 @@ Each run is a child process: it imports torch/transformers/peft, records its res
 stood when training began, plus the weights, is compared with the estimate's per-device
 total for the "none" row (plain Trainer).
 
-    .venv/bin/python scripts/estimate_vs_measured.py            # all runs, a markdown table
-    .venv/bin/python scripts/estimate_vs_measured.py --runs tiny-qwen2:lora:ckpt
+    .venv/bin/python benchmarks/estimate_vs_measured.py            # all runs, a markdown table
+    .venv/bin/python benchmarks/estimate_vs_measured.py --runs tiny-qwen2:lora:ckpt
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Inference and merge benchmark on SmolLM2-135M-Instruct. One JSON line per measurement.
 
-  python scripts/bench_infer.py                       # generation + merge memory
-  python scripts/bench_infer.py --skip merge          # generation only
-  python scripts/bench_infer.py --ckpt_dir output/.../checkpoint-50   # merge this adapter
+  python benchmarks/bench_infer.py                       # generation + merge memory
+  python benchmarks/bench_infer.py --skip merge          # generation only
+  python benchmarks/bench_infer.py --ckpt_dir output/.../checkpoint-50   # merge this adapter
 
 generate: greedy generation with swiftlite's InferEngine model and generation config
   (left-padded batches) for batch sizes 1 and 8, every answer exactly --max_new_tokens long:
@@ -61,7 +61,8 @@ def bench_generate(model: str, max_new_tokens: int, repeats: int, batch_sizes, t
         prompts = [engine.encode(q) for q in (QUESTIONS * 8)[:bs]]
         width = max(map(len, prompts))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-        mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+        starts = torch.tensor([width - len(p) for p in prompts])
+        mask = (torch.arange(width)[None, :] >= starts[:, None]).long()
         best = None
         for _ in range(repeats):
             timing = _Timing()

@@ -10,7 +10,7 @@ max_tokens, temperature 0, streamed) and the script prints one JSON line:
   tokens_src      "usage" (the server's own count, stream_options.include_usage) or "deltas"
                   (content chunks counted, for servers that do not send usage)
 
-  python scripts/bench_deploy.py --servers swiftlite-pt,swiftlite-vllm,vllm,msswift,llamafactory \
+  python benchmarks/bench_deploy.py --servers swiftlite-pt,swiftlite-vllm,vllm,msswift,llamafactory \
       --concurrency 1,4,16,64 --requests_per_client 2 --max_tokens 64
 
 Servers and where they come from (stdlib only here; each server runs in its own venv):
@@ -19,7 +19,7 @@ Servers and where they come from (stdlib only here; each server runs in its own 
   vllm             vLLM's own server from $VLLM_PYTHON, same model, dtype and max length
   msswift          $VENVS/msswift: swift deploy --infer_backend transformers (fp32)
   llamafactory     $VENVS/llamafactory: llamafactory-cli api, huggingface backend (fp32)
-(VENVS defaults to /tmp/bench_venvs, made by ../shared/bench/install_peers.sh.) Run nothing
+(VENVS defaults to /tmp/bench_venvs, made by benchmarks/peers/install_peers.sh.) Run nothing
 else meanwhile: on 2 cores any other work skews every figure.
 """
 from __future__ import annotations

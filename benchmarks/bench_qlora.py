@@ -8,8 +8,8 @@ loading and while training; on a CPU the process is the "device", so the trainin
 compared with the estimate's per-device total for the plain Trainer ("none" row, float32 as
 swiftlite computes QLoRA on a CPU).
 
-    .venv/bin/python scripts/bench_qlora.py                 # one JSON line per case
-    .venv/bin/python scripts/bench_qlora.py --cases lora qlora4
+    .venv/bin/python benchmarks/bench_qlora.py                 # one JSON line per case
+    .venv/bin/python benchmarks/bench_qlora.py --cases lora qlora4
 """
 from __future__ import annotations
 

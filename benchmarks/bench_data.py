@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Data at scale, side by side: launch -> first step and peak memory while preparing data.
 
-  python scripts/bench_data.py --rows 200000 [--rows 1000000] [--tools swiftlite,llamafactory,msswift]
-                               [--cases NAME,...] [--bench ../shared/bench] [--out bench_data.jsonl]
+  python benchmarks/bench_data.py --rows 200000 [--rows 1000000] [--tools swiftlite,llamafactory,msswift]
+                               [--cases NAME,...] [--bench benchmarks/peers] [--out bench_data.jsonl]
 
 For each row count: N seeded chat rows from the harness's make_data.py (seed 5), then 2
-training steps of each case through the side-by-side harness in ../shared/bench (its
+training steps of each case through the side-by-side harness in benchmarks/peers (its
 run_<tool>.sh: same model, template, LoRA and batch settings; measure.py polls the memory of
 the whole process tree). Cases:
   swiftlite     cold cache with --dataset_num_proc 1 and 2, the warm cache after them, --streaming
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, action="append", help="row counts (default 200000)")
     ap.add_argument("--tools", default="swiftlite,llamafactory,msswift")
     ap.add_argument("--cases", help="only these case names, comma-separated (e.g. workers_unset)")
-    ap.add_argument("--bench", default=os.path.join(REPO, "..", "shared", "bench"))
+    ap.add_argument("--bench", default=os.path.join(REPO, "benchmarks", "peers"))
     ap.add_argument("--model", default="/tmp/bench_models/smol135m")
     ap.add_argument("--out", default="bench_data.jsonl")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per case")

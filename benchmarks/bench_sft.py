@@ -1,21 +1,22 @@
 #!/usr/bin/env python
 """Measure swiftlite LoRA SFT on this machine.
 
-  # 1. a whole `swiftlite sft` run (the settings of ../shared/bench: LoRA r8/alpha32 all-linear,
+  # 1. a whole `swiftlite sft` run (the settings of benchmarks/peers: LoRA r8/alpha32 all-linear,
   #    batch 4, max_length 512, gradient checkpointing, 30 steps), one JSON line:
-  python scripts/bench_sft.py run --model SmolLM2-135M-Instruct --dataset data.jsonl [-- --torch_dtype bfloat16]
+  python benchmarks/bench_sft.py run --model SmolLM2-135M-Instruct --dataset data.jsonl \
+      [-- --torch_dtype bfloat16]
 
   # 2. speed-ups on/off, interleaved step by step in one process on the same batches (fair on a
   #    shared, noisy machine): tokens/s of each variant and its ratio to the first one
-  python scripts/bench_sft.py ab --model SmolLM2-135M-Instruct --dataset data.jsonl \\
+  python benchmarks/bench_sft.py ab --model SmolLM2-135M-Instruct --dataset data.jsonl \\
       --variant base: --variant nochunk:chunked_loss=false --variant bf16:torch_dtype=bfloat16
 
   # 3. peak memory of one forward+backward of a LENGTH-token sample (fresh process per case)
-  python scripts/bench_sft.py memory --model tiny-qwen2 --length 2048 4096
+  python benchmarks/bench_sft.py memory --model tiny-qwen2 --length 2048 4096
 
   # 4. where a step's time goes (torch profiler over STEPS steps after a warm-up step): shares
   #    of matmuls, attention, dropout masks, casts, other element-wise work, optimizer, collation
-  python scripts/bench_sft.py profile --steps 3 --variant default:torch_dtype=auto
+  python benchmarks/bench_sft.py profile --steps 3 --variant default:torch_dtype=auto
 
 Every command first prints one {"machine": ...} line: the CPU, the flags that decide swiftlite's
 CPU dtype, the threads, and this machine's measured matmul rates (fp32 by torch's BLAS and by

@@ -3,7 +3,7 @@
 # same prompts, greedy, same max_new_tokens and batch size. Prints one JSON line per tool and the
 # ratio. Generated tokens are counted by re-tokenising each answer with the model's tokenizer;
 # time is the whole command (start-up and model load included, as a user waits for it).
-#   bash scripts/bench_infer_peers.sh            (after ../shared/bench/install_peers.sh)
+#   bash benchmarks/bench_infer_peers.sh            (after benchmarks/peers/install_peers.sh)
 # Env: MODEL (default /tmp/bench_models/smol135m), DATA (a messages JSONL; default the bench
 # data), N prompts (32), NEW tokens (128), BATCH (8), VENVS (/tmp/bench_venvs), OUT (/tmp/bench_infer).
 set -euo pipefail
