@@ -154,15 +154,16 @@ def test_sft_uses_the_hardware_attention_choice(monkeypatch, tmp_path):
     """With no --attn_impl, sft loads the model with hardware.attn_implementation's choice.
     Here the decision is patched to "eager" (transformers' own default would be sdpa) and a
     real one-step tiny-qwen2 run shows the loaded model uses it."""
+    from swiftlite.models import loader as loader_module
     from swiftlite.pipelines import sft as sft_module
-    real_load, loaded = sft_module.load_model, []
+    real_load, loaded = loader_module.load_model, []
 
     def recording_load(*a, **kw):  # the real loader; only remembers what it returned
         model = real_load(*a, **kw)
         loaded.append(model.config._attn_implementation)
         return model
 
-    monkeypatch.setattr(sft_module, "load_model", recording_load)
+    monkeypatch.setattr(loader_module, "load_model", recording_load)
     monkeypatch.setattr(hardware, "attn_implementation", lambda hw, dtype=None: "eager")
     sft_module.sft(model="tiny-qwen2", dataset=["self-cognition#4"], max_steps=1,
                    output_dir=str(tmp_path), report_to="none", save_steps=100)
