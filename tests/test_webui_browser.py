@@ -325,3 +325,50 @@ def test_foreign_hosts_cross_site_requests_and_big_uploads_are_refused(tmp_path)
         assert status == 413, (status, body)
     finally:
         stop_app(proc, root)
+
+
+def test_preference_stage_in_a_browser(tmp_path, browser):
+    """The stage choice: DPO turns the form into `swiftlite rlhf --rlhf_type dpo`, whose run
+    trains on uploaded pairs and logs the rewards; back on SFT the preference fields are unused."""
+    from test_rlhf import arithmetic_pairs
+
+    from swiftlite.webui.runs import find_runs, read_state
+    proc, url, root, log = start_app(tmp_path)
+    page = None
+    try:
+        page = open_page(browser, url)
+        pairs = write_jsonl(tmp_path / "pairs.jsonl", arithmetic_pairs(16, 3))
+        page.locator("#train-upload input[type=file]").set_input_files(pairs)
+        kept = os.path.join(root, "uploads", "pairs.jsonl")
+        expect(field(page, "train-dataset")).to_have_value(kept, timeout=20_000)
+        field(page, "train-model").fill("tiny-qwen2")
+        page.get_by_role("option", name="tiny-qwen2", exact=True).click()
+        page.locator("#train-stage").get_by_text("DPO", exact=True).click()
+        for name, value in {"max_steps": "4", "per_device_train_batch_size": "4",
+                            "gradient_accumulation_steps": "1", "learning_rate": "1e-2",
+                            "extra": "--report_to none --logging_steps 1"}.items():
+            field(page, f"train-{name}").fill(value)
+        page.get_by_text("more rlhf arguments").click()
+        field(page, "train-beta").fill("0.2")
+        cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite rlhf")
+        assert "--rlhf_type dpo" in cmd and "--beta 0.2" in cmd, cmd
+        shot(page, "rlhf-preview")
+        click_and_wait(page, "train-start", "train-message", "Started")
+        wait_status(page, r"finished|failed", 240, "the DPO run did not finish")
+        (run,) = find_runs(root)
+        assert read_state(run)["status"] == "finished", open(os.path.join(run, "webui.log")
+                                                             ).read()[-3000:] \
+            if os.path.exists(os.path.join(run, "webui.log")) else read_state(run)
+        rows = [json.loads(line) for line in open(os.path.join(run, "logging.jsonl"))]
+        assert any("rewards/margins" in r for r in rows)
+        assert json.load(open(os.path.join(run, "args.json")))["rlhf_type"] == "dpo"
+        shot(page, "rlhf-finished")
+        page.locator("#train-stage").get_by_text("SFT", exact=True).click()
+        cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite sft")
+        assert "--beta" not in cmd and "rlhf" not in cmd, cmd
+    except Exception:
+        if page is not None:
+            shot(page, "rlhf-failure")
+        raise
+    finally:
+        stop_app(proc, root)

@@ -40,8 +40,9 @@ def _round_trip(args: SftArguments) -> SftArguments:
 
 
 def test_form_is_generated_from_the_dataclass():
-    names = {f.name for f in dataclasses.fields(SftArguments)}
-    assert set(form.FIELDS) == names - {"training_args", "add_version"}
+    from swiftlite.config.rlhf_args import RlhfArguments
+    names = {f.name for f in dataclasses.fields(RlhfArguments)}
+    assert set(form.FIELDS) == names - {"training_args", "add_version", "rlhf_type"}
     lr = form.FIELDS["learning_rate"]
     assert form.info(lr).startswith(lr.metadata["help"]) and "default: 0.0001" in form.info(lr)
     assert form.kind(form.FIELDS["truncation_strategy"]) == "choice"
@@ -274,3 +275,20 @@ def test_infer_tools_box_takes_function_schemas_or_names_the_fault():
         {"type": "function", "function": {"name": "f", "parameters": {}}}]
     with pytest.raises(UsageError, match="tools: .*not valid JSON"):
         parse_tools("[{oops")
+
+
+def test_stage_picks_the_command_and_its_arguments(tmp_path, chat_jsonl):
+    from swiftlite.config.rlhf_args import RlhfArguments
+    policy = _policy(tmp_path)
+    raw = _form(model="tiny-qwen2", dataset=chat_jsonl, beta="0.3", max_steps="5",
+                per_device_train_batch_size="2")
+    sft = form.to_args(raw, policy=policy)
+    assert type(sft) is SftArguments and form.command(sft) == "sft"
+    assert "--beta" not in form.command_argv(sft)  # the preference fields are not SFT's
+    kto = form.to_args(raw, policy=policy, stage="KTO")
+    assert isinstance(kto, RlhfArguments) and (kto.rlhf_type, kto.beta) == ("kto", 0.3)
+    text = form.preview(kto)
+    assert text.startswith("swiftlite rlhf") and "--rlhf_type kto" in text
+    assert parse_argv(RlhfArguments, form.command_argv(kto), "swiftlite rlhf", "") == kto
+    with pytest.raises(UsageError, match="--adapters .*outside"):
+        form.to_args({**raw, "adapters": "/etc"}, policy=policy, stage="DPO")

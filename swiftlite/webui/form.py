@@ -1,7 +1,9 @@
-"""The Train form, generated from `SftArguments` (labels, help, choices, defaults and groups come
-from the dataclass metadata, so the form and the CLI cannot drift apart), and the mapping
+"""The Train form, generated from `RlhfArguments` (SFT's fields plus the preference group;
+labels, help, choices, defaults and groups come from the dataclass metadata, so the form and the
+CLI cannot drift apart), and the mapping
 
-    form values -> SftArguments (swiftlite.config.parsing.build + validate) -> `swiftlite sft` argv
+    stage + form values -> SftArguments or RlhfArguments (build + validate)
+                        -> `swiftlite sft` or `swiftlite rlhf` argv
 
 that the Preview shows and Start runs. Nothing here imports gradio: it is unit-tested alone.
 """
@@ -13,6 +15,7 @@ import os
 import shlex
 
 from swiftlite.config.arguments import SftArguments
+from swiftlite.config.rlhf_args import RlhfArguments
 from swiftlite.config.parsing import base_type, build
 from swiftlite.config.argv import flag_pairs
 from swiftlite.errors import UsageError
@@ -24,14 +27,18 @@ PRIMARY = ["model", "template", "system", "dataset", "model_name", "model_author
            "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
            "max_length", "deepspeed", "output_dir"]
 # Set by the Web-UI itself: every run gets its own v<N>-<timestamp> folder, which is how the runs
-# list finds it and how two runs never share a folder.
-FIXED = {"add_version"}
-GROUP_ORDER = ["model", "data", "tuner", "train"]
+# list finds it and how two runs never share a folder; the method is the stage choice.
+FIXED = {"add_version", "rlhf_type"}
+GROUP_ORDER = ["model", "data", "tuner", "train", "rlhf"]
+# The stage choice: SFT, or a preference method (rlhf's --rlhf_type)
+STAGES = {"SFT": None, "DPO": "dpo", "ORPO": "orpo", "SimPO": "simpo", "CPO": "cpo",
+          "KTO": "kto"}
 
 
 def fields() -> list[dataclasses.Field]:
-    """The form's fields: SftArguments minus hidden ones and those the Web-UI fixes."""
-    return [f for f in dataclasses.fields(SftArguments)
+    """The form's fields: RlhfArguments (SFT's and the preference group) minus hidden ones and
+    those the Web-UI fixes."""
+    return [f for f in dataclasses.fields(RlhfArguments)
             if f.metadata.get("group") != "hidden" and f.name not in FIXED]
 
 
@@ -121,26 +128,34 @@ def parse_extra(text: str) -> dict:
 
 
 def to_args(raw: dict, extra: str = "", *, output_root: str | None = None,
-            policy=None) -> SftArguments:
-    """Form -> validated SftArguments; one UsageError listing every problem, including what
+            policy=None, stage: str = "SFT") -> SftArguments:
+    """Form -> validated SftArguments (stage SFT; the preference fields are not used) or
+    RlhfArguments (a preference stage); one UsageError listing every problem, including what
     the operator's policy (webui.policy; by default the strictest one for output_root) does
     not allow."""
+    if stage not in STAGES:
+        raise UsageError(f"stage {stage!r}: choose one of {', '.join(STAGES)}")
+    cls = RlhfArguments if STAGES[stage] else SftArguments
+    if cls is SftArguments:
+        raw = {k: v for k, v in raw.items() if FIELDS[k].metadata.get("group") != "rlhf"}
     if policy is None and output_root:
         from swiftlite.webui.policy import Policy
         policy = Policy(output_root)
     output_root = policy.root if policy else output_root
     values = form_values(raw, extra)
+    if STAGES[stage]:
+        values["rlhf_type"] = STAGES[stage]
     if output_root and values.get("model") and not values.get("output_dir"):
         from swiftlite.models.registry import model_name
         values["output_dir"] = os.path.join(output_root, model_name(values["model"]))
     problems, good = [], {}
     for name, value in values.items():  # convert field by field to report every bad one
         try:
-            build(SftArguments, {name: value}, where="form")
+            build(cls, {name: value}, where="form")
             good[name] = value
         except UsageError as e:
             problems.append(str(e))
-    args = build(SftArguments, good, where="form")
+    args = build(cls, good, where="form")
     try:
         args.validate()
     except UsageError as e:
@@ -194,6 +209,7 @@ def command_argv(args) -> list[str]:
     train)."""
     argv = []
     order = GROUP_ORDER
+    fixed = {"rlhf_type"} if isinstance(args, RlhfArguments) else set()
 
     def rank(f):
         g = f.metadata.get("group", "")
@@ -201,7 +217,7 @@ def command_argv(args) -> list[str]:
 
     for f in sorted(dataclasses.fields(args), key=rank):
         value = getattr(args, f.name)
-        if f.name == "training_args" or value == default(f):
+        if f.name == "training_args" or (value == default(f) and f.name not in fixed):
             continue
         argv += _flag(f.name, value)
     for name, value in (getattr(args, "training_args", None) or {}).items():
@@ -219,10 +235,15 @@ def _flag(name: str, value) -> list[str]:
     return [f"--{name}", "none" if value is None else str(value)]
 
 
+def command(args: SftArguments) -> str:
+    """The swiftlite command these arguments are for."""
+    return "rlhf" if isinstance(args, RlhfArguments) else "sft"
+
+
 def preview(args: SftArguments, nproc: int = 1) -> str:
     """The exact shell command the form stands for, one flag per line."""
     argv = command_argv(args)
-    lines = [(f"NPROC_PER_NODE={nproc} " if nproc > 1 else "") + "swiftlite sft"]
+    lines = [(f"NPROC_PER_NODE={nproc} " if nproc > 1 else "") + f"swiftlite {command(args)}"]
     i = 0
     while i < len(argv):
         j = i + 1

@@ -98,6 +98,8 @@ class Policy:
             problems += self.path_problems("--template", args.template)
         if args.resume_from_checkpoint:
             problems += self.path_problems("--resume_from_checkpoint", args.resume_from_checkpoint)
+        for adapter in getattr(args, "adapters", None) or []:  # rlhf: the SFT checkpoint
+            problems += self.path_problems("--adapters", adapter)
         problems += self.deepspeed_problems(args.deepspeed)
         if args.output_dir and not self.inside(args.output_dir, [os.path.realpath(self.root)]):
             problems.append(f"--output_dir {args.output_dir}: must be inside the Web-UI's output "

@@ -186,8 +186,9 @@ class RunManager:
         return [r for r in find_runs(self.root) if status(r) in ("running", "stopping")]
 
     def start(self, argv: list[str], output_dir: str, nproc: int = 1,
-              command_line: str = "") -> str:
-        """Start `swiftlite sft ARGV` in a fresh run folder under output_dir; its path."""
+              command_line: str = "", command: str = "sft") -> str:
+        """Start `swiftlite COMMAND ARGV` (sft or rlhf) in a fresh run folder under
+        output_dir; its path."""
         with open(self._lock_path, "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two browsers pressing Start at once: one wins
             busy = self.active()
@@ -208,7 +209,9 @@ class RunManager:
                                  f"{holder}, holding {self._run_lock_path}); wait for it to "
                                  "finish or stop it, then start again.") from None
             run_dir = claim_run_dir(output_dir)
-            cmd = [sys.executable, "-m", "swiftlite.cli", "sft", *argv]
+            if command not in ("sft", "rlhf"):
+                raise UsageError(f"the Web-UI starts sft or rlhf runs, not {command!r}")
+            cmd = [sys.executable, "-m", "swiftlite.cli", command, *argv]
             import shlex
 
             from swiftlite.config.secrets import redact_argv

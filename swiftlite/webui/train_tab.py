@@ -118,8 +118,12 @@ def build(manager: RunManager, policy) -> dict:
     root = manager.root
     widgets = {}
     with gr.Tab("Train", id="train", elem_id="tab-train"):
-        gr.Markdown("Fine-tune with `swiftlite sft`. Every field is the CLI flag of the same "
-                    "name; empty fields take the CLI default.")
+        gr.Markdown("Fine-tune with `swiftlite sft`, or align with `swiftlite rlhf` (a "
+                    "preference stage: the rlhf arguments below apply). Every field is the CLI "
+                    "flag of the same name; empty fields take the CLI default.")
+        stage = gr.Radio(list(form.STAGES), value="SFT", label="stage", elem_id="train-stage",
+                         info="SFT: swiftlite sft; DPO / ORPO / SimPO / CPO / KTO: swiftlite "
+                              "rlhf --rlhf_type (preference pairs; KTO: labelled rows)")
         for group in form.GROUP_ORDER:  # the fields up front, laid out by group
             primary = [form.FIELDS[n] for n in form.PRIMARY
                        if n in form.FIELDS and form.FIELDS[n].metadata.get("group") == group]
@@ -176,7 +180,7 @@ def build(manager: RunManager, policy) -> dict:
         known = gr.State(None)  # the run list this page shows
 
     names = list(widgets)
-    inputs = [widgets[n] for n in names] + [nproc, extra]
+    inputs = [widgets[n] for n in names] + [stage, nproc, extra]
 
     def _args(*vals):
         raw = dict(zip(names, vals[:len(names)]))
@@ -187,7 +191,7 @@ def build(manager: RunManager, policy) -> dict:
         except ValueError:
             raise UsageError(f"processes: expected a whole number of at least 1, got "
                              f"{vals[-2]!r}") from None
-        return form.to_args(raw, vals[-1], policy=policy), n
+        return form.to_args(raw, vals[-1], policy=policy, stage=vals[-3]), n
 
     def on_preview(*vals):
         try:
@@ -202,7 +206,8 @@ def build(manager: RunManager, policy) -> dict:
         try:
             args, n = _args(*vals)
             text = form.preview(args, n)
-            run_dir = manager.start(form.command_argv(args), args.output_dir, n, text)
+            run_dir = manager.start(form.command_argv(args), args.output_dir, n, text,
+                                    command=form.command(args))
         except SwiftliteError as e:
             return _error_md(e), gr.skip(), gr.skip()
         except Exception as e:
