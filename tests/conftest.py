@@ -190,7 +190,7 @@ def resident_libraries(tmp_path_factory):
 
 # -- SmolLM2 self-cognition adapters ---------------------------------------------------------------
 # The README's self-cognition demo: the smallest run after which SmolLM2 answers with its new
-# name (measured: docs/performance.md). Keep in step with the README.
+# name. Keep in step with the README.
 SELF_COGNITION_RECIPE = [
     "--model", "SmolLM2-135M-Instruct", "--dataset", "self-cognition#32",
     "--model_author", "Acme",

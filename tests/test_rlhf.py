@@ -292,6 +292,40 @@ def test_the_checkpoint_merges_and_answers(dpo_run, tmp_path):
     assert r.returncode == 0 and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
+def test_the_checkpoint_is_served_with_the_same_greedy_answer(dpo_run):
+    """swiftlite deploy serves the preference-trained adapter like an SFT one: the official
+    openai client gets the greedy answer `swiftlite infer` gives."""
+    import openai
+
+    from conftest import start_server, stop_server
+    ckpt = os.path.join(dpo_run.output_dir, "checkpoint-8")
+    want = run_cli("infer", "--ckpt_dir", ckpt, "--query", "What is 2 plus 3?",
+                   "--max_new_tokens", "12").stdout.strip()
+    proc, port, _ = start_server("--ckpt_dir", ckpt, "--served_model_name", "dpo")
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+        r = client.chat.completions.create(model="dpo", max_tokens=12, temperature=0,
+                                           messages=[{"role": "user",
+                                                      "content": "What is 2 plus 3?"}])
+        assert r.choices[0].message.content.strip() == want
+    finally:
+        stop_server(proc)
+
+
+@pytest.mark.slow
+def test_qlora_4bit(pairs_jsonl, tmp_path):
+    """DPO on a 4-bit base (bitsandbytes): the reference is the quantized base with the adapters
+    off, so the first loss is ln 2 there too, and the margin grows."""
+    import swiftlite
+    run = swiftlite.rlhf(dataset=[f"{pairs_jsonl}#4"], max_steps=3, quant_bits=4,
+                         output_dir=str(tmp_path), **{**TINY, "torch_dtype": "auto"})
+    rows = [r for r in read_log(run.output_dir) if "loss" in r]
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert rows[-1]["rewards/margins"] > 0
+    assert os.path.isfile(os.path.join(run.last_checkpoint, "adapter_model.safetensors"))
+
+
 def _margins(model, tok, template, rows) -> list[float]:
     """(log p(chosen) - log p(rejected)) per pair, by plain transformers."""
     out = []

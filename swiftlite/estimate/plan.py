@@ -87,7 +87,8 @@ def recommend(model_or_args, **fields) -> Choice:
 
 def for_training(sft_args, *, torch_dtype: str, **hardware) -> EstimateArguments:
     """EstimateArguments for the run these SftArguments (or RlhfArguments) describe: every
-    field the two share by name is taken from the run (a field added to both is carried without a change here),
+    field the two share by name is taken from the run (a field added to both is carried without
+    a change here),
     the micro-batch from --per_device_train_batch_size, the dtype as resolved for the
     hardware, and the hardware figures (gpus, nodes, gpu_memory, cpu_memory) as given."""
     shared = {f.name for f in dataclasses.fields(EstimateArguments)} - set(_HARDWARE) \

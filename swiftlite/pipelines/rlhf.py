@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 from swiftlite.config.parsing import build
 from swiftlite.config.rlhf_args import NEEDS_REFERENCE, RlhfArguments
@@ -19,13 +18,7 @@ from swiftlite.data.pairs import unpair
 from swiftlite.errors import UsageError
 from swiftlite.log import info, is_main_process, warn
 from swiftlite.models.registry import check_model_name
-
-
-@dataclass
-class RlhfResult:
-    output_dir: str  # the run folder: <output_dir>/v<N>-<timestamp>
-    last_checkpoint: str | None
-    metrics: dict
+from swiftlite.training.run import TrainResult
 
 
 def main(argv: list[str]) -> None:
@@ -44,7 +37,7 @@ def main(argv: list[str]) -> None:
     rlhf(args)
 
 
-def rlhf(args: RlhfArguments | dict | None = None, **kwargs) -> RlhfResult:
+def rlhf(args: RlhfArguments | dict | None = None, **kwargs) -> TrainResult:
     """Python API: `swiftlite.rlhf(model="tiny-qwen2", dataset=["pairs.jsonl"], max_steps=10)`."""
     if args is None or isinstance(args, dict):
         args = build(RlhfArguments, {**(args or {}), **kwargs}, where="swiftlite.rlhf")
@@ -127,7 +120,7 @@ def _loss_config(args: RlhfArguments):
                       args.desirable_weight, args.undesirable_weight)
 
 
-def _run(args: RlhfArguments) -> RlhfResult:
+def _run(args: RlhfArguments) -> TrainResult:
     t_start = time.time()
     from swiftlite.training import run
     hw, dtype = run.hardware_and_dtype(args)
@@ -179,4 +172,4 @@ def _run(args: RlhfArguments) -> RlhfResult:
     if is_main_process():
         from swiftlite.training.plots import plot_rewards
         plot_rewards(run_dir)
-    return RlhfResult(run_dir, last, metrics)
+    return TrainResult(run_dir, last, metrics)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 
 from swiftlite.config.arguments import QUANT_ZERO3, SftArguments
 from swiftlite.config.parsing import build, to_dict
@@ -18,13 +17,7 @@ from swiftlite.data.loader import LoadReport
 from swiftlite.errors import UsageError
 from swiftlite.log import info, is_main_process
 from swiftlite.models.registry import check_model_name
-
-
-@dataclass
-class SftResult:
-    output_dir: str  # the run folder: <output_dir>/v<N>-<timestamp>
-    last_checkpoint: str | None
-    metrics: dict
+from swiftlite.training.run import TrainResult
 
 
 def main(argv: list[str]) -> None:
@@ -60,7 +53,7 @@ def preflight(args: SftArguments) -> None:
         args.resume_from_checkpoint = ckpt
 
 
-def sft(args: SftArguments | dict | None = None, **kwargs) -> SftResult:
+def sft(args: SftArguments | dict | None = None, **kwargs) -> TrainResult:
     """Python API: `swiftlite.sft(model="tiny-qwen2", dataset=["data.jsonl"], max_steps=10)`."""
     if args is None or isinstance(args, dict):
         args = build(SftArguments, {**(args or {}), **kwargs}, where="swiftlite.sft")
@@ -151,7 +144,7 @@ def _stream(args: SftArguments, template, tokenizer, num_proc: int):
     return train_ds, val_ds, val_report, report
 
 
-def _run(args: SftArguments) -> SftResult:
+def _run(args: SftArguments) -> TrainResult:
     t_start = time.time()
     from swiftlite.training import run
     hw, dtype = run.hardware_and_dtype(args)
@@ -228,4 +221,4 @@ def _run(args: SftArguments) -> SftResult:
 
     metrics, last = run.train(trainer, args, hw, run_dir, val_ds is not None, t_start,
                               stream_metrics)
-    return SftResult(run_dir, last, metrics)
+    return TrainResult(run_dir, last, metrics)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from swiftlite.data.template import get_template
 from swiftlite.log import info, is_main_process, warn
@@ -14,6 +15,14 @@ from swiftlite.models import resolve_model
 from swiftlite.models.loader import load_tokenizer
 from swiftlite.runtime import hardware
 from swiftlite.runtime.output import create_run_dir, last_checkpoint, remove_if_empty
+
+
+@dataclass
+class TrainResult:
+    """What a training command returns (swiftlite.sft, swiftlite.rlhf)."""
+    output_dir: str  # the run folder: <output_dir>/v<N>-<timestamp>
+    last_checkpoint: str | None
+    metrics: dict
 
 
 def hardware_and_dtype(args):

@@ -16,7 +16,8 @@ from torch.utils.checkpoint import checkpoint
 
 from swiftlite.config.constants import IGNORE_INDEX, LOSS_CHUNK_ROWS
 from swiftlite.training.speedups import onednn_fp32
-from swiftlite.training.speedups.chunked_loss import unwrap, shifted_targets, why_unsupported
+from swiftlite.training.speedups.chunked_loss import (decoder_output, shifted_targets, unwrap,
+                                                      why_unsupported)
 
 MODEL_KEYS = ("input_ids", "position_ids", "attention_mask")
 
@@ -47,19 +48,8 @@ def sequence_logps(model, batch: dict, num_sequences: int) -> tuple[torch.Tensor
     seq = batch["seq_ids"][keep]
     inputs = {k: batch[k] for k in MODEL_KEYS if k in batch}
     if why_unsupported(model) is None:
-        lm = unwrap(model)
-        captured = {}
-
-        def grab(_module, _args, output):
-            captured["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
-
-        handle = lm.get_decoder().register_forward_hook(grab)
-        try:
-            model(**inputs, logits_to_keep=torch.zeros_like(keep), use_cache=False)
-        finally:
-            handle.remove()
-        per_token = token_logps(captured["h"][keep], lm.get_output_embeddings().weight,
-                                targets[keep])
+        per_token = token_logps(decoder_output(model, inputs)[keep],
+                                unwrap(model).get_output_embeddings().weight, targets[keep])
     else:
         logits = model(**inputs, use_cache=False).logits
         per_token = torch.log_softmax(logits[keep].float(), -1).gather(

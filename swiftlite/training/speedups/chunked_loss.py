@@ -109,16 +109,9 @@ def why_unsupported(model) -> str | None:
     return None
 
 
-def supervised_head_loss(model, inputs: dict, num_items_in_batch=None, chunk: int = CHUNK):
-    """The causal-LM loss of `model` on `inputs` (with labels), LM head at trained positions only.
-
-    The model runs as usual (through its wrappers, so DeepSpeed and peft hooks apply) with
-    `logits_to_keep` set to no position; a hook on the decoder keeps its last hidden state.
-    """
-    inputs = dict(inputs)
-    labels = inputs.pop("labels")
-    targets = shifted_targets(labels)
-    keep = targets != IGNORE_INDEX
+def decoder_output(model, inputs: dict) -> torch.Tensor:
+    """The decoder's last hidden states of `model` on `inputs` (no labels): the model runs as
+    usual, through its wrappers, with its LM head projecting no position."""
     lm = unwrap(model)
     captured = {}
 
@@ -127,12 +120,26 @@ def supervised_head_loss(model, inputs: dict, num_items_in_batch=None, chunk: in
 
     handle = lm.get_decoder().register_forward_hook(grab)
     try:
-        no_positions = torch.zeros_like(keep)  # boolean mask: project nothing in the model
+        no_positions = torch.zeros(inputs["input_ids"].shape, dtype=torch.bool,
+                                   device=inputs["input_ids"].device)
         model(**inputs, logits_to_keep=no_positions, use_cache=False)
     finally:
         handle.remove()
-    hidden = captured["h"][keep]
-    total = linear_cross_entropy(hidden, lm.get_output_embeddings().weight, targets[keep], chunk)
+    return captured["h"]
+
+
+def supervised_head_loss(model, inputs: dict, num_items_in_batch=None, chunk: int = CHUNK):
+    """The causal-LM loss of `model` on `inputs` (with labels), LM head at trained positions only.
+
+    The model runs as usual (through its wrappers, so DeepSpeed and peft hooks apply) with
+    `logits_to_keep` set to no position; a hook on the decoder keeps its last hidden state.
+    """
+    inputs = dict(inputs)
+    targets = shifted_targets(inputs.pop("labels"))
+    keep = targets != IGNORE_INDEX
+    hidden = decoder_output(model, inputs)[keep]
+    weight = unwrap(model).get_output_embeddings().weight
+    total = linear_cross_entropy(hidden, weight, targets[keep], chunk)
     denom = num_items_in_batch if num_items_in_batch is not None else keep.sum().clamp(min=1)
     if torch.is_tensor(denom):
         denom = denom.to(total.device)
