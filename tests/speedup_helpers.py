@@ -48,6 +48,23 @@ def _samples(model_dir):
     return tok, [tpl.encode(c) for c in convs]
 
 
+def _batch(model_dir):
+    """(tokenizer, samples, their padding-free batch)."""
+    from swiftlite.training.trainer import collator
+    tok, samples = _samples(model_dir)
+    return tok, samples, collator(tok, True)([dict(s) for s in samples])
+
+
+def _step(model, batch, calls: list, seed: int):
+    """One seeded forward and backward: (loss, LoRA gradients, matmul calls counted)."""
+    torch.manual_seed(seed)
+    model.zero_grad()
+    calls.clear()
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.item(), _grads(model), len(calls)
+
+
 def _grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 

@@ -8,7 +8,7 @@ import torch
 
 
 from conftest import BF16_CPU_TRAINING
-from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
+from speedup_helpers import _batch, _assert_close_grads, _grads, _lora_model, _samples
 
 
 def test_fast_dropout_is_dropout():
@@ -93,9 +93,7 @@ def test_fast_dropout_masks_are_replayed_by_checkpointing(tiny_qwen2, dtype):
 def test_fast_dropout_learns_like_torch_dropout(tiny_qwen2):
     """Different masks, same learning: 12 steps of AdamW (lr 1e-2) at dropout 0.1 on the same batch land
     on the same loss (within dropout's own noise) with FastDropout and with nn.Dropout."""
-    from swiftlite.training.trainer import collator
-    tok, samples = _samples(tiny_qwen2)
-    batch = collator(tok, True)([dict(s) for s in samples])
+    tok, samples, batch = _batch(tiny_qwen2)
     final = {}
     for fast in (True, False):
         model = _lora_model(tiny_qwen2, lora_dropout=0.1, fast_dropout=fast)

@@ -8,7 +8,7 @@ import torch
 
 from swiftlite.config.arguments import SftArguments
 
-from speedup_helpers import _lora_model, _samples
+from speedup_helpers import _batch, _lora_model
 
 
 def test_cpu_mixed_precision_keeps_trainables_fp32(tiny_qwen2):
@@ -16,9 +16,7 @@ def test_cpu_mixed_precision_keeps_trainables_fp32(tiny_qwen2):
     state is fp32 too), activations fp32 (--fp32_activations, default) so the LoRA sums are not
     rounded to bf16; the loss then matches fp32 more closely than with all-bf16 activations."""
     from swiftlite.training.speedups.chunked_loss import supervised_head_loss
-    from swiftlite.training.trainer import collator
-    tok, samples = _samples(tiny_qwen2)
-    batch = collator(tok, True)([dict(s) for s in samples])
+    tok, samples, batch = _batch(tiny_qwen2)
     losses = {}
     for dtype, fp32_act in (("float32", True), ("bfloat16", True), ("bfloat16", False)):
         model = _lora_model(tiny_qwen2, dtype, fp32_activations=fp32_act)

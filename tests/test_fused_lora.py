@@ -10,7 +10,7 @@ from swiftlite.config.arguments import SftArguments
 from swiftlite.runtime.hardware import cpu_flags
 
 from conftest import BF16_CPU_TRAINING, needs_bf16_units
-from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
+from speedup_helpers import _batch, _assert_close_grads, _grads, _lora_model
 
 
 class _FrozenMatmuls:
@@ -61,9 +61,7 @@ def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls
     dropout 0.3, whose masks are replayed), and backward runs only the input-gradient matmuls
     of the frozen weights: none is recomputed. Fused LoRA layers keep their outputs themselves;
     peft's layers (--fused_lora false) go through torch's selective checkpointing."""
-    from swiftlite.training.trainer import collator
-    tok, samples = _samples(tiny_qwen2)
-    batch = collator(tok, True)([dict(s) for s in samples])
+    tok, samples, batch = _batch(tiny_qwen2)
     results = {}
     for selective in (False, True):
         model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3, fused_lora=fused_lora,
@@ -89,9 +87,7 @@ def test_fused_lora_equals_peft_and_skips_the_last_recomputed_matmul(tiny_qwen2,
     """--fused_lora: the same loss and LoRA gradients as peft's modules (dropout 0.3 with the
     same masks, checkpointing on), and checkpointing's recompute stops before each layer's last
     frozen matmul (down_proj), which peft's order (base matmul first) makes it redo."""
-    from swiftlite.training.trainer import collator
-    tok, samples = _samples(tiny_qwen2)
-    batch = collator(tok, True)([dict(s) for s in samples])
+    tok, samples, batch = _batch(tiny_qwen2)
     results = {}
     for fused in (False, True):
         # the adapters' matmuls in fp32, as peft's: bf16 ones have a test of their own
@@ -112,9 +108,7 @@ def test_fused_lora_equals_peft_and_skips_the_last_recomputed_matmul(tiny_qwen2,
 def test_fused_lora_gradients_without_checkpointing_or_dropout(tiny_qwen2):
     """The fused branch's own backward (not only through checkpointing's replay), without
     dropout and with it, equals autograd through peft's modules."""
-    from swiftlite.training.trainer import collator
-    tok, samples = _samples(tiny_qwen2)
-    batch = collator(tok, True)([dict(s) for s in samples])
+    tok, samples, batch = _batch(tiny_qwen2)
     for dropout in (0.0, 0.3):
         results = []
         for fused in (False, True):
@@ -144,9 +138,7 @@ def test_bf16_lora_matmuls_learn_like_fp32_ones(tiny_qwen2):
     adapter matmuls to bf16's rounding of the adapter's own terms; and over 12 AdamW steps the
     per-step and final losses stay as close to an all-fp32 model's as the bf16 base alone
     keeps them (fp32 adapter matmuls on the same bf16 base), within a factor of 2."""
-    from swiftlite.training.trainer import collator
-    tok, samples = _samples(tiny_qwen2)
-    batch = collator(tok, True)([dict(s) for s in samples])
+    tok, samples, batch = _batch(tiny_qwen2)
     runs = {}
     for name, dtype, bf16 in (("bf16 matmuls", "bfloat16", True),
                               ("fp32 matmuls", "bfloat16", False), ("fp32 model", "float32", False)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
+from speedup_helpers import _step, _assert_close_grads, _lora_model, _samples
 from swiftlite.training.speedups import onednn_fp32
 
 
@@ -28,12 +28,7 @@ def test_onednn_fp32_learns_like_blas_and_runs_the_frozen_products(tiny_qwen2, m
         assert len(marked) == (7 * model.config.num_hidden_layers + 1 if on else 0)  # + head
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         for step in (1, 2):
-            torch.manual_seed(step)
-            calls.clear()
-            model.zero_grad()
-            loss = model(**batch).loss
-            loss.backward()
-            results[on, step] = loss.item(), _grads(model), len(calls)
+            results[on, step] = _step(model, batch, calls, step)
             opt.step()
     for step in (1, 2):
         (loss, grads, n_off), (loss_on, grads_on, n_on) = results[False, step], results[True, step]

@@ -6,7 +6,7 @@ import pytest
 
 
 from conftest import BF16_CPU_TRAINING
-from speedup_helpers import _assert_close_grads, _grads, _lora_model, _samples
+from speedup_helpers import _step, _batch, _assert_close_grads, _grads, _lora_model, _samples
 
 
 @pytest.mark.parametrize("gradient_checkpointing", [True, False])
@@ -86,9 +86,7 @@ def test_kept_attention_equals_recomputed_and_runs_the_kernel_once_fewer(tiny_qw
     import torch
 
     from swiftlite.training.speedups import keep_attention as ka
-    from swiftlite.training.trainer import collator
-    tok, samples = _samples(tiny_qwen2)
-    batch = collator(tok, True)([dict(s) for s in samples])
+    tok, samples, batch = _batch(tiny_qwen2)
     calls = []
     monkeypatch.setattr(ka, "_FORWARD", lambda *a, **k: calls.append(1) or
                         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*a, **k))
@@ -98,12 +96,7 @@ def test_kept_attention_equals_recomputed_and_runs_the_kernel_once_fewer(tiny_qw
         attention = [m for m in model.modules() if hasattr(m, "_keep_attention")]
         assert len(attention) == (model.config.num_hidden_layers if keep else 0)
         for step in (1, 2):
-            torch.manual_seed(step)
-            model.zero_grad()
-            calls.clear()
-            loss = model(**batch).loss
-            loss.backward()
-            results[keep, step] = loss.item(), _grads(model), len(calls)
+            results[keep, step] = _step(model, batch, calls, step)
             assert all(m._kept_attention is None for m in attention)
     layers, n = model.config.num_hidden_layers, len(samples)
     for step in (1, 2):

@@ -42,18 +42,26 @@ def _fit(prompt: list[int], replies: list[dict], max_length: int, strategy: str,
     return prompt, replies
 
 
-def _pair_chunk(chunk: list, template: ChatTemplate, max_length: int, strategy: str, name: str):
+def _fitted(chunk: list, template: ChatTemplate, max_length: int, strategy: str, name: str,
+            replies: tuple[str, ...]):
+    """([(row, prompt ids, its encoded replies)] of the rows that render and fit, Counts)."""
     part = Counts(samples=len(chunk))
-    cols = {k: [] for k in PAIR_ENCODER.columns}
-    requests = [{**c, "replies": [c["chosen"], c["rejected"]]} for c in chunk]
+    requests = [{**c, "replies": [c[k] for k in replies]} for c in chunk]
+    out = []
     for conv, enc in zip(chunk, template.encode_replies(requests)):
         if isinstance(enc, Exception):
             count_rejected(part, conv, name, template, enc)
             continue
         fitted = _fit(enc["prompt_ids"], enc["replies"], max_length, strategy, part)
-        if fitted is None:
-            continue
-        prompt, (chosen, rejected) = fitted
+        if fitted is not None:
+            out.append((conv, *fitted))
+    return out, part
+
+
+def _pair_chunk(chunk: list, template: ChatTemplate, max_length: int, strategy: str, name: str):
+    rows, part = _fitted(chunk, template, max_length, strategy, name, ("chosen", "rejected"))
+    cols = {k: [] for k in PAIR_ENCODER.columns}
+    for _, prompt, (chosen, rejected) in rows:
         if chosen["input_ids"] == rejected["input_ids"]:
             part.dropped[IDENTICAL] += 1  # reported with the drops; the pair stays
         masked = [IGNORE_INDEX] * len(prompt)
@@ -61,31 +69,23 @@ def _pair_chunk(chunk: list, template: ChatTemplate, max_length: int, strategy: 
             cols[f"{key}_input_ids"].append(prompt + r["input_ids"])
             cols[f"{key}_labels"].append(masked + r["labels"])
         cols["prompt_length"].append(len(prompt))
-        n = 2 * len(prompt) + len(chosen["input_ids"]) + len(rejected["input_ids"])
-        cols["length"].append(n)
-        part.lengths.append(n)
+        cols["length"].append(2 * len(prompt) + len(chosen["input_ids"]) +
+                              len(rejected["input_ids"]))
+    part.lengths += cols["length"]
     return (cols if cols["length"] else None), part
 
 
 def _unpaired_chunk(chunk: list, template: ChatTemplate, max_length: int, strategy: str,
                     name: str):
-    part = Counts(samples=len(chunk))
+    rows, part = _fitted(chunk, template, max_length, strategy, name, ("completion",))
     cols = {k: [] for k in UNPAIRED_ENCODER.columns}
-    requests = [{**c, "replies": [c["completion"]]} for c in chunk]
-    for conv, enc in zip(chunk, template.encode_replies(requests)):
-        if isinstance(enc, Exception):
-            count_rejected(part, conv, name, template, enc)
-            continue
-        fitted = _fit(enc["prompt_ids"], enc["replies"], max_length, strategy, part)
-        if fitted is None:
-            continue
-        prompt, (reply,) = fitted
+    for conv, prompt, (reply,) in rows:
         cols["input_ids"].append(prompt + reply["input_ids"])
         cols["labels"].append([IGNORE_INDEX] * len(prompt) + reply["labels"])
         cols["prompt_length"].append(len(prompt))
         cols["label"].append(int(conv["label"]))
         cols["length"].append(len(prompt) + len(reply["input_ids"]))
-        part.lengths.append(cols["length"][-1])
+    part.lengths += cols["length"]
     return (cols if cols["length"] else None), part
 
 

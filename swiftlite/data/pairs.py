@@ -36,22 +36,20 @@ EXPECTED = ("'messages' + 'rejected_response' (ms-swift), 'prompt' + 'chosen' + 
             "'messages' + 'label' or 'prompt' + 'completion' + 'label'")
 
 
+# (format, the keys that make a row one), the first that fits wins
+_DETECT = (("pair-messages", {"messages", "rejected_response"}),
+           ("pair-messages", {"messages", "rejected_messages"}),
+           ("pair-sharegpt", {"conversations", "chosen", "rejected"}),
+           ("pair-alpaca", {"instruction", "chosen", "rejected"}),
+           ("pair-trl", {"chosen", "rejected"}),
+           ("kto-messages", {"messages", "label"}),
+           ("kto-trl", {"completion", "label"}))
+
+
 def detect_preference_format(row) -> str | None:
     if not isinstance(row, dict):
         return None
-    if "messages" in row and ("rejected_response" in row or "rejected_messages" in row):
-        return "pair-messages"
-    if "chosen" in row and "rejected" in row:
-        if "conversations" in row:
-            return "pair-sharegpt"
-        if "instruction" in row:
-            return "pair-alpaca"
-        return "pair-trl"
-    if "label" in row and "messages" in row:
-        return "kto-messages"
-    if "label" in row and "completion" in row:
-        return "kto-trl"
-    return None
+    return next((fmt for fmt, keys in _DETECT if keys <= row.keys()), None)
 
 
 def to_preference(row, fmt: str) -> dict:
