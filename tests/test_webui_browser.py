@@ -346,12 +346,16 @@ def test_preference_stage_in_a_browser(tmp_path, browser):
         page.locator("#train-stage").get_by_text("DPO", exact=True).click()
         for name, value in {"max_steps": "4", "per_device_train_batch_size": "4",
                             "gradient_accumulation_steps": "1", "learning_rate": "1e-2",
-                            "extra": "--report_to none --logging_steps 1"}.items():
+                            "extra": "--report_to none"}.items():
             field(page, f"train-{name}").fill(value)
+        page.get_by_text("more train arguments").click()
+        box = field(page, "train-logging_steps")
+        box.fill("1")
+        expect(box).to_have_value("1")
         page.get_by_text("more rlhf arguments").click()
         field(page, "train-beta").fill("0.2")
         cmd = click_and_wait(page, "train-preview", "train-command", "swiftlite rlhf")
-        assert "--rlhf_type dpo" in cmd and "--beta 0.2" in cmd, cmd
+        assert "--rlhf_type dpo" in cmd and "--beta 0.2" in cmd and "--logging_steps 1" in cmd, cmd
         shot(page, "rlhf-preview")
         click_and_wait(page, "train-start", "train-message", "Started")
         wait_status(page, r"finished|failed", 240, "the DPO run did not finish")
@@ -360,7 +364,8 @@ def test_preference_stage_in_a_browser(tmp_path, browser):
                                                              ).read()[-3000:] \
             if os.path.exists(os.path.join(run, "webui.log")) else read_state(run)
         rows = [json.loads(line) for line in open(os.path.join(run, "logging.jsonl"))]
-        assert any("rewards/margins" in r for r in rows)
+        assert sum("rewards/margins" in r and "loss" in r for r in rows) == 4, rows
+        wait_status(page, r"4 loss points", 30, "the page did not show the run's losses")
         assert json.load(open(os.path.join(run, "args.json")))["rlhf_type"] == "dpo"
         shot(page, "rlhf-finished")
         page.locator("#train-stage").get_by_text("SFT", exact=True).click()
