@@ -34,6 +34,7 @@ def test_sft_help_is_instant():
     assert time.time() - t < 5  # < 1 s on an idle machine; loose here, CI shares the cores
 
 
+@pytest.mark.slow
 def test_commands_run_under_tcmalloc_when_installed(tcmalloc, tiny_qwen2, chat_jsonl, tmp_path):
     """`swiftlite sft` re-executes itself with tcmalloc preloaded when the system has it (CI
     installs libtcmalloc-minimal4) and says so; SWIFTLITE_ALLOCATOR=glibc keeps glibc."""
@@ -88,6 +89,7 @@ def test_main_called_from_python_never_reexecutes(monkeypatch, tmp_path, capsys)
     assert "missing" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_tcmalloc_lowers_peak_memory_of_checkpointed_training(tcmalloc, smollm2, tmp_path):
     """Why swiftlite preloads tcmalloc: three checkpointed LoRA steps of SmolLM2-135M (1,400,
     600 and 1,000 tokens) leave glibc's heap full of holes it cannot return, tcmalloc reuses
@@ -132,6 +134,7 @@ _LOAD_PEAK = (
     "print((peak_rss_bytes() - before) // 2**20)\n")
 
 
+@pytest.mark.slow
 def test_model_cast_on_load_reads_one_tensor_at_a_time(smollm2, tiny_qwen2):
     """A checkpoint stored in fp32 and trained with a bf16 base (the CPU default): transformers
     maps the whole file and casts from the mapping, so the fp32 file is resident until loading
@@ -192,6 +195,7 @@ print(json.dumps({"growth_mb": rss_mb() - before}))
 @pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(),
                     reason="torch runs bf16 matmuls through oneDNN only on CPUs with AVX-512 "
                            "(this one emulates them outside oneDNN, with no cache to grow)")
+@pytest.mark.slow
 def test_memory_does_not_grow_with_each_new_token_count(smollm2):
     """oneDNN (bf16 matmuls on a CPU) caches a compiled primitive per matmul shape, and the
     ideep layer torch calls it through caches one more: megabytes per new token count

@@ -57,6 +57,7 @@ def test_chunked_loss_trains_a_tied_head(tiny_qwen2, dtype):
     _assert_close_grads(g_plain, _grads(model), rtol=1e-4 if dtype == "float32" else 3e-2)
 
 
+@pytest.mark.slow
 def test_trainer_loss_per_trained_token_across_accumulation(tmp_path, tiny_qwen2, chat_jsonl):
     """Through the Trainer: batch 4 in one step and batch 2 x 2 accumulation steps see the same
     samples, so with the loss normalised per trained token over the accumulated batch (not a

@@ -116,6 +116,7 @@ def test_unknown_model_is_a_clear_error(tmp_path):
     assert "pass its local folder" in r.stderr
 
 
+@pytest.mark.slow
 def test_training_arguments_transformers_rejects_are_usage_errors(tmp_path):
     """Pass-through TrainingArguments that cannot work are usage errors before any run folder
     exists: evaluation without evaluation data (checked with the other flags, before the data
@@ -149,6 +150,7 @@ def test_training_arguments_transformers_rejects_are_usage_errors(tmp_path):
         assert not out.exists()
 
 
+@pytest.mark.slow
 def test_target_modules_typo_is_reported_before_the_weights_load(tmp_path):
     """Checked on the meta-device build of the model's config (no weights read), with the
     names the model has; peft's own check would come only after loading."""

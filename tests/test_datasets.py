@@ -297,6 +297,7 @@ def test_parallel_tokenising_gives_the_same_samples_and_report(tiny_qwen2):
     assert one.cache_files  # memory-mapped from its Arrow file, not held in RAM
 
 
+@pytest.mark.slow
 def test_a_warm_start_skips_reading_the_files_until_one_changes(tmp_path, monkeypatch, capsys,
                                                                 tiny_qwen2):
     """The second run of the same files and settings loads the encoded data without reading

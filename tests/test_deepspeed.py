@@ -400,6 +400,7 @@ for deepspeed in ("zero2", "", "zero3"):
         assert hidden not in r.stderr, (hidden, r.stderr[-3000:])
 
 
+@pytest.mark.slow
 def test_zero3_loads_partitioned_on_the_gpu_branch_with_two_ranks(tmp_path):
     """ZeRO-3 model loading as on a GPU/NPU host (Hardware("cuda") given by hand, so the CPU
     enablement that starts the process group early is skipped), 2 ranks under torchrun:

@@ -167,6 +167,7 @@ def test_loss_chunk_matches_the_loss_module():
     assert memory.LOSS_CHUNK == loss.CHUNK
 
 
+@pytest.mark.slow
 def test_cli_table_and_json_offline():
     r = run_cli("estimate", "--model", "Qwen2-1.5B-Instruct", "--gpus", "2", "--gpu_memory",
                 "24GB", "--train_type", "full", "--json", env={"HF_HUB_OFFLINE": "1"})

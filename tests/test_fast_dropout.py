@@ -90,6 +90,7 @@ def test_fast_dropout_masks_are_replayed_by_checkpointing(tiny_qwen2, dtype):
     _assert_close_grads(results[0][1], results[1][1])
 
 
+@pytest.mark.slow
 def test_fast_dropout_learns_like_torch_dropout(tiny_qwen2):
     """Different masks, same learning: 12 steps of AdamW (lr 1e-2) at dropout 0.1 on the same batch land
     on the same loss (within dropout's own noise) with FastDropout and with nn.Dropout."""

@@ -85,6 +85,7 @@ def test_stop_words_cut_streamed_text():
     assert "".join(out) == "Hello world\n" and stopped
 
 
+@pytest.mark.slow
 def test_one_shot_cli_on_adapter_and_merged(tiny_run, engine, tmp_path):
     ckpt = tiny_run.last_checkpoint
     expected = engine.chat("What is 2+2?", **GEN)
@@ -97,6 +98,7 @@ def test_one_shot_cli_on_adapter_and_merged(tiny_run, engine, tmp_path):
     assert swiftlite.infer(model=merged, query="What is 2+2?", **GEN) == expected
 
 
+@pytest.mark.slow
 def test_python_api_and_batch_cli(tiny_run, engine, tmp_path):
     ckpt = tiny_run.last_checkpoint
     convs = [[{"role": "user", "content": q}] for q in QUESTIONS[:3]]
@@ -179,6 +181,7 @@ def test_chat_loop_commands_history_and_ctrl_c(engine):
     assert len(seen) == 2 and len(seen[1]) == 2  # system + "hi": the stopped turn was dropped
 
 
+@pytest.mark.slow
 def test_interactive_cli_through_stdin(tiny_run):
     script = "What is 2+2?\n/clear\n/multiline\na\nb\n/end\n/quit\n"
     import subprocess

@@ -30,6 +30,7 @@ def merged(tiny_run):
     return ckpt, r
 
 
+@pytest.mark.slow
 def test_merge_cli_logits_match_and_folder_is_complete(merged):
     ckpt, r = merged
     out = ckpt + "-merged"
@@ -71,6 +72,7 @@ assert not any(m.startswith("swiftlite") for m in sys.modules)
 """
 
 
+@pytest.mark.slow
 def test_merged_model_in_plain_transformers_equals_swiftlite_on_adapter(merged):
     """No swiftlite import: same prompt string and same greedy answer as the adapter, with the
     training default system prompt and with a conversation's own."""
@@ -91,6 +93,7 @@ def test_merged_model_in_plain_transformers_equals_swiftlite_on_adapter(merged):
         assert got["answer"] == engine.chat(messages, max_new_tokens=24)
 
 
+@pytest.mark.slow
 def test_sharded_bf16_merge(tiny_run, tmp_path, capsys):
     import torch
     from safetensors import safe_open
@@ -158,6 +161,7 @@ def test_tied_embeddings_with_lora_on_embeddings(tiny_qwen2, tmp_path, targets, 
     assert not torch.equal(merged.lm_head.weight, merged.model.embed_tokens.weight)
 
 
+@pytest.mark.slow
 def test_refusals_leave_nothing_behind(tiny_run, tiny_qwen2, smollm2, tmp_path):
     ckpt = tiny_run.last_checkpoint
     empty = tmp_path / "empty"

@@ -108,6 +108,7 @@ def test_resume_continues_the_losses(qlora_run, tmp_path):
         assert again[step] == pytest.approx(full[step], abs=1e-4), (step, full, again)
 
 
+@pytest.mark.slow
 def test_merge_gives_the_adapter_on_the_full_precision_base(qlora_run, tiny_qwen2):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -62,6 +62,7 @@ def test_two_sft_started_together_keep_their_own_folders(tmp_path, chat_jsonl, t
     assert all(os.listdir(out / r).count("checkpoint-2") == 1 for r in runs)
 
 
+@pytest.mark.slow
 def test_add_version_false_refuses_a_folder_holding_another_run(tiny_run, chat_jsonl):
     before = sorted(os.listdir(tiny_run.output_dir))
     r = run_cli("sft", *TINY, "--dataset", chat_jsonl, "--output_dir", tiny_run.output_dir,
@@ -72,6 +73,7 @@ def test_add_version_false_refuses_a_folder_holding_another_run(tiny_run, chat_j
 
 
 # -- checkpoints --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_checkpoint_missing_a_file_is_refused_before_loading(tiny_run, chat_jsonl, tmp_path):
     """Resume checks the folder first (adapter, optimizer, scheduler, trainer state, RNG) and
     exits 2 naming what is missing; no run folder is made."""
@@ -86,6 +88,7 @@ def test_a_checkpoint_missing_a_file_is_refused_before_loading(tiny_run, chat_js
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_never_marked_complete_is_not_resumed(tiny_run, chat_jsonl, tmp_path):
     from swiftlite.runtime.output import COMPLETE_MARKER, last_checkpoint
     run = tmp_path / "run"
@@ -157,6 +160,7 @@ def _files_containing(root, needle: bytes) -> list[str]:
     return hits
 
 
+@pytest.mark.slow
 def test_tokens_are_never_written_to_disk_or_logs(tmp_path, chat_jsonl, tiny_qwen2):
     out = tmp_path / "out"
     r = run_cli("sft", *TINY, "--dataset", chat_jsonl, "--output_dir", out, "--hub_token",
@@ -186,6 +190,7 @@ def _merge_cmd(ckpt, out):
             "--output_dir", str(out)]
 
 
+@pytest.mark.slow
 def test_merge_killed_midway_leaves_nothing_and_two_merges_do_not_collide(tiny_run, tmp_path):
     ckpt = os.path.join(tiny_run.output_dir, "checkpoint-8")
     out = tmp_path / "merged"
@@ -320,6 +325,7 @@ print(json.dumps({"from_cache": report.from_cache, "rows": len(ds)}), flush=True
 """
 
 
+@pytest.mark.slow
 def test_ranks_on_a_cold_cache_encode_once_and_never_race(tmp_path, tiny_qwen2):
     """Three processes (the ranks of a node) on a cold cache: one encodes, the others wait and
     memory-map its result; what killed encoders left is swept. Before: every process encoded,

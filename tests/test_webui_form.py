@@ -179,6 +179,7 @@ def test_second_start_is_refused_while_one_runs(tmp_path):
             sleeper.kill()
 
 
+@pytest.mark.slow
 def test_failed_run_is_marked_failed_with_its_log(tmp_path):
     """A run that the CLI rejects (exit 2: a malformed row) is 'failed', and its log says why."""
     root = tmp_path / "out"
