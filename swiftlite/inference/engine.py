@@ -30,6 +30,16 @@ GEN_DEFAULTS = dataclasses.asdict(GenerationArguments())
 QUANT_FIELDS = ("quant_bits", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant")
 
 
+# The model and placement arguments (infer's and deploy's) that InferEngine.load takes
+ENGINE_FIELDS = ("template", "system", "torch_dtype", "trust_remote_code", "attn_impl",
+                 "quant_bits", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "device_map")
+
+
+def engine_overrides(args) -> dict:
+    """InferEngine.load's overrides from infer's or deploy's arguments (those set)."""
+    return {k: getattr(args, k) for k in ENGINE_FIELDS if getattr(args, k, None) is not None}
+
+
 class InferEngine:
     def __init__(self, model, tokenizer, template, device: str, ckpt=None, dtype: str = "float32"):
         self.model = model

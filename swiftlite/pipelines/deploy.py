@@ -48,21 +48,10 @@ def served_names(args: DeployArguments, ckpt) -> dict[str, str | None]:
     return served
 
 
-def _overrides(args: DeployArguments) -> dict:
-    return {k: v for k, v in {"template": args.template, "torch_dtype": args.torch_dtype,
-                              "trust_remote_code": args.trust_remote_code,
-                              "attn_impl": args.attn_impl, "system": args.system,
-                              "quant_bits": args.quant_bits,
-                              "bnb_4bit_quant_type": args.bnb_4bit_quant_type,
-                              "bnb_4bit_use_double_quant": args.bnb_4bit_use_double_quant,
-                              "device_map": args.device_map}.items()
-            if v is not None}
-
-
 def load(args: DeployArguments):
     """(engine, served names -> adapter name in the engine's PeftModel, or None)."""
-    from swiftlite.inference.engine import InferEngine
-    engine = InferEngine.load(args.ckpt_dir, args.model, **_overrides(args))
+    from swiftlite.inference.engine import InferEngine, engine_overrides
+    engine = InferEngine.load(args.ckpt_dir, args.model, **engine_overrides(args))
     served: dict[str, str | None] = {}
     for name, path in served_names(args, engine.ckpt).items():
         if path is None:
@@ -84,8 +73,8 @@ def load(args: DeployArguments):
 def serve_vllm(args: DeployArguments) -> int:
     from swiftlite.inference.checkpoints import describe
     from swiftlite.inference.server import vllm_backend
-    o = _overrides(args)
-    kw = {k: o[k] for k in ("template", "system", "torch_dtype") if k in o}
+    kw = {k: getattr(args, k) for k in ("template", "system", "torch_dtype")
+          if getattr(args, k) is not None}
     ckpt = describe(args.ckpt_dir, args.model, **kw)
     served = served_names(args, ckpt)
     info(f"serving {', '.join(served)} through vLLM at http://{args.host}:{args.port}/v1"

@@ -46,14 +46,8 @@ def read_tools(tools: str | None) -> list[dict] | None:
 
 
 def load_engine(args: InferArguments) -> InferEngine:
-    overrides = {"template": args.template, "torch_dtype": args.torch_dtype,
-                 "trust_remote_code": args.trust_remote_code, "attn_impl": args.attn_impl,
-                 "quant_bits": args.quant_bits, "bnb_4bit_quant_type": args.bnb_4bit_quant_type,
-                 "bnb_4bit_use_double_quant": args.bnb_4bit_use_double_quant,
-                 "device_map": args.device_map}
-    if args.system is not None:
-        overrides["system"] = args.system
-    return InferEngine.load(args.ckpt_dir, args.model, **overrides)
+    from swiftlite.inference.engine import engine_overrides
+    return InferEngine.load(args.ckpt_dir, args.model, **engine_overrides(args))
 
 
 def infer(args: InferArguments | dict | None = None, *, messages=None, engine=None, **kwargs):

@@ -11,7 +11,9 @@ import time
 
 import gradio as gr
 
+from swiftlite.data.json_template import template_names
 from swiftlite.errors import SwiftliteError, UsageError
+from swiftlite.training.deepspeed import preset_names
 
 from swiftlite.webui import form
 from swiftlite.webui.runs import LOG_FILE, RunManager, describe, find_runs, loss_rows
@@ -37,10 +39,10 @@ def _widget(f, root: str):
         from swiftlite.models.registry import MODELS
         return gr.Dropdown(choices=list(MODELS), value=None, allow_custom_value=True, **common)
     if name == "template":
-        return gr.Dropdown(choices=[("auto (the model's own)", "")] + _templates(), value="",
+        return gr.Dropdown(choices=[("auto (the model's own)", "")] + template_names(), value="",
                            allow_custom_value=True, **common)
     if name == "deepspeed":  # the shipped presets, or a JSON file typed in
-        return gr.Dropdown(choices=[("off", "")] + _presets() + ["auto"], value="",
+        return gr.Dropdown(choices=[("off", "")] + preset_names() + ["auto"], value="",
                            allow_custom_value=True, **common)
     if k == "bool":
         return gr.Checkbox(value=bool(d), **common)
@@ -48,21 +50,6 @@ def _widget(f, root: str):
         return gr.Dropdown(choices=list(f.metadata["choices"]), value=d, **common)
     return gr.Textbox(value=form.widget_value(f, d), max_lines=1,
                       placeholder=f"{root}/<model>" if name == "output_dir" else None, **common)
-
-
-def _templates() -> list[str]:
-    import importlib.resources
-    files = importlib.resources.files("swiftlite.templates")
-    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
-
-
-def _presets() -> list[str]:
-    import importlib.resources
-    try:
-        files = importlib.resources.files("swiftlite.training.deepspeed_configs")
-    except ModuleNotFoundError:
-        return []
-    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".json"))
 
 
 def keep_upload(src: str, root: str) -> str:
