@@ -279,6 +279,19 @@ def test_each_method_trains(method, pairs_jsonl, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ["tiny-qwen2.5", "tiny-qwen3"])
+def test_qwen25_and_qwen3_templates_train(model, pairs_jsonl, tmp_path):
+    """Their official templates (Qwen2.5's default system prompt, Qwen3's think block in the
+    last reply) encode pairs that share the prompt, and DPO starts at ln 2 and learns."""
+    import swiftlite
+    run = swiftlite.rlhf(dataset=[f"{pairs_jsonl}#4"], max_steps=3, output_dir=str(tmp_path),
+                         **{**TINY, "model": model})
+    rows = [r for r in read_log(run.output_dir) if "loss" in r]
+    assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert rows[-1]["rewards/margins"] > 0
+
+
+@pytest.mark.slow
 def test_the_checkpoint_merges_and_answers(dpo_run, tmp_path):
     ckpt = os.path.join(dpo_run.output_dir, "checkpoint-8")
     out = tmp_path / "merged"
