@@ -220,6 +220,29 @@ def test_sequence_logps_equal_a_plain_transformers_recomputation(tiny_qwen2, pad
             assert sums[i].item() == pytest.approx(want.item(), abs=1e-4)
 
 
+def test_log_probs_give_gradients_with_a_onednn_marked_head():
+    """A head weight marked for oneDNN (swiftlite's speed-up where oneDNN measures faster: a
+    coin toss on CPUs where the two rates are close) must still pass gradients: oneDNN's fp32
+    linear has no backward, and through it the policy's log-probs had none (the first steps'
+    gradient norm was 0, at random from one process to the next)."""
+    from swiftlite.training.preference.logps import token_logps
+    from swiftlite.training.speedups import onednn_fp32
+    torch.manual_seed(0)
+    weight = torch.randn(50, 16)
+    setattr(weight, onednn_fp32.MARK, True)
+    targets = torch.randint(0, 50, (7,))
+    grads = []
+    for chunk in (3, 100):
+        hidden = torch.randn(7, 16, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        token_logps(hidden, weight, targets, chunk=chunk).sum().backward()
+        grads.append(hidden.grad)
+    hidden = grads[0].new_tensor(torch.randn(7, 16, generator=torch.Generator().manual_seed(1)),
+                                 requires_grad=True)
+    torch.log_softmax(hidden @ weight.t(), -1).gather(1, targets[:, None]).sum().backward()
+    for g in grads:
+        torch.testing.assert_close(g, hidden.grad)
+
+
 # -- training -----------------------------------------------------------------------------------
 def test_first_sigmoid_loss_is_ln2_and_the_margin_grows(dpo_run):
     rows = [r for r in read_log(dpo_run.output_dir) if "loss" in r]
@@ -289,6 +312,26 @@ def test_qwen25_and_qwen3_templates_train(model, pairs_jsonl, tmp_path):
     rows = [r for r in read_log(run.output_dir) if "loss" in r]
     assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert rows[-1]["rewards/margins"] > 0
+
+
+@pytest.mark.parametrize("rlhf_type", ["dpo", "kto"])
+def test_streaming_pairs(rlhf_type, pairs_jsonl, tmp_path):
+    """--streaming reads, checks and encodes pairs (KTO: split into labelled rows) as training
+    consumes them; a bad row is named by file:line when training reaches it."""
+    import swiftlite
+    from swiftlite.errors import UsageError
+    run = swiftlite.rlhf(dataset=[pairs_jsonl], max_steps=2, streaming=True,
+                         shuffle_buffer_size=8, rlhf_type=rlhf_type,
+                         output_dir=str(tmp_path / "ok"), **TINY)
+    rows = [r for r in read_log(run.output_dir) if "loss" in r]
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) for r in rows)
+    stream = json.load(open(os.path.join(run.output_dir, "metrics.json")))["dataset_stream"]
+    assert stream["rows"] >= 8 and stream["skipped"] == {}
+    bad = write_jsonl(tmp_path / "bad.jsonl", arithmetic_pairs(3, 5) + [
+        {"prompt": PROMPT, "chosen": [GOOD]}])
+    with pytest.raises(UsageError, match=f"{bad}:4: 'rejected' is missing"):
+        swiftlite.rlhf(dataset=[bad], max_steps=2, streaming=True, shuffle_buffer_size=2,
+                       rlhf_type=rlhf_type, output_dir=str(tmp_path / "bad"), **TINY)
 
 
 @pytest.mark.slow

@@ -103,9 +103,11 @@ class RlhfArguments(SftArguments, PreferenceArguments):
         if self.packing:
             problems.append("--packing packs SFT samples; preference batches are already "
                             "padding-free (chosen and rejected in one row): drop --packing")
-        if self.streaming:
-            problems.append("--streaming is SFT's for now; rlhf reads and encodes its pairs "
-                            "upfront (they are cached on disk)")
+        if self.streaming and (self.precompute_ref_log_probs or self.adapters
+                               or self.train_type == "full"):
+            problems.append("--streaming with a precomputed reference (--precompute_ref_log_probs"
+                            ", --adapters or --train_type full): it is computed over every pair "
+                            "before training; drop --streaming")
         if self.loss_scale != "default":
             problems.append("--loss_scale: preference training trains the last reply only")
         return problems

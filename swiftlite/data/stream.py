@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from swiftlite.data.encode import Counts, check_truncation_strategy, fit
+from swiftlite.data.encode import SFT_ENCODER, Counts, Encoder, check_truncation_strategy
 from swiftlite.data.formats import BadRow
 from swiftlite.data.files import open_rows, parse_spec
 from swiftlite.data.loader import check_row, file_format
@@ -58,13 +58,18 @@ def check_specs(specs: list[str]) -> None:
 
 def samples(specs: list[str], template: ChatTemplate, report: StreamReport, *,
             max_length: int, truncation_strategy: str, skip_bad_rows: bool,
-            model_name=None, model_author=None):
-    """{'input_ids', 'labels'} of each usable row of the specs, in file order."""
+            model_name=None, model_author=None, encoder: Encoder = SFT_ENCODER,
+            task: str = "sft", prepare=None):
+    """The encoded samples (the encoder's columns: SFT's input_ids/labels, or data.pair_encode's
+    pairs) of each usable row of the specs, in file order. prepare(rows) -> rows: what a task
+    does to checked rows before they are encoded (KTO: split pairs into labelled rows)."""
     check_truncation_strategy(truncation_strategy)
+    options = (template, report, max_length, truncation_strategy, skip_bad_rows, encoder,
+               prepare)
     for spec in specs:
         path, _ = parse_spec(spec)
         raw_rows, _ = open_rows(path, model_name, model_author)
-        fmt = file_format(raw_rows, skip_bad_rows)
+        fmt = file_format(raw_rows, skip_bad_rows, task)
         batch = []
         for where, row, _ in raw_rows():
             report.rows += 1
@@ -74,24 +79,28 @@ def samples(specs: list[str], template: ChatTemplate, report: StreamReport, *,
                 _bad(report, skip_bad_rows, where, str(e), e.kind)
                 continue
             if len(batch) == _BATCH:
-                yield from _encoded(batch, template, report, max_length, truncation_strategy,
-                                    skip_bad_rows)
+                yield from _encoded(batch, *options)
                 batch = []
-        yield from _encoded(batch, template, report, max_length, truncation_strategy,
-                            skip_bad_rows)
+        yield from _encoded(batch, *options)
 
 
-def _encoded(batch, template, report, max_length, strategy, skip_bad_rows):
-    for conv, sample in zip(batch, template.encode_batch(batch)):
-        report.samples += 1
-        if isinstance(sample, Exception):
-            _bad(report, skip_bad_rows, conv["where"],
-                 f"{template.describe()} cannot render it: {sample}", None)
-            report.dropped["rejected by the chat template"] += 1
-            continue
-        sample = fit(sample, max_length, strategy, report)
-        if sample is not None:
-            yield sample
+def _encoded(batch, template, report, max_length, strategy, skip_bad_rows, encoder, prepare):
+    if not batch:
+        return
+    batch = prepare(batch) if prepare else batch
+    columns, part = encoder.chunk(batch, template, max_length, strategy, "train")
+    report.samples += part.samples
+    report.truncated += part.truncated
+    report.dropped.update(part.dropped)
+    report.trained_tokens += part.trained_tokens
+    if part.rejected and not skip_bad_rows:
+        raise UsageError(f"{part.rejected[0]}. (--streaming checks each row when training "
+                         "reaches it.) Fix it, or pass --skip_bad_rows true to leave bad rows "
+                         "out (they are counted).")
+    if columns:
+        names = [c for c in columns if c != "length"]
+        for values in zip(*(columns[c] for c in names)):
+            yield dict(zip(names, values))
 
 
 def _bad(report: StreamReport, skip_bad_rows: bool, where: str, why: str, kind) -> None:
@@ -105,8 +114,9 @@ def _bad(report: StreamReport, skip_bad_rows: bool, where: str, why: str, kind) 
 
 def stream_dataset(specs: list[str], template: ChatTemplate, *, seed: int, buffer_size: int,
                    **options):
-    """(datasets.IterableDataset of input_ids/labels, shuffled with a buffer of buffer_size
-    samples, StreamReport that counts as it is read). options: those of samples()."""
+    """(datasets.IterableDataset of the encoder's columns (SFT: input_ids/labels), shuffled
+    with a buffer of buffer_size samples, StreamReport that counts as it is read). options:
+    those of samples()."""
     import datasets
     check_specs(specs)
     report = StreamReport()
@@ -129,8 +139,10 @@ def stream_dataset(specs: list[str], template: ChatTemplate, *, seed: int, buffe
     # Not IterableDataset.from_generator: it hashes the generator with everything it refers
     # to (the tokenizer: seconds), to name a cache that a stream never writes.
     from datasets.iterable_dataset import ExamplesIterable
-    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
-                                  "labels": datasets.Sequence(datasets.Value("int32"))})
+    columns = options.get("encoder", SFT_ENCODER).columns
+    features = datasets.Features({
+        c: datasets.Sequence(datasets.Value("int32")) if kind == "ids" else datasets.Value("int32")
+        for c, kind in columns.items() if c != "length"})
     ds = datasets.IterableDataset(ExamplesIterable(lambda: generate(), {}),
                                   info=datasets.DatasetInfo(features=features))
     return ds.shuffle(seed=seed, buffer_size=buffer_size), report

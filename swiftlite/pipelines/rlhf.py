@@ -59,32 +59,59 @@ def rlhf(args: RlhfArguments | dict | None = None, **kwargs) -> TrainResult:
 
 
 def _read(args: RlhfArguments):
-    """(train rows, validation rows or None, LoadReport): every row checked, file:line on a
-    bad one; KTO's paired rows split into a desirable and an undesirable row each."""
+    """(train rows or None when streamed, validation rows or None, LoadReport or None): every
+    row checked, file:line on a bad one; KTO's paired rows split into a desirable and an
+    undesirable row each."""
     num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
     common = dict(seed=args.data_seed, skip_bad_rows=args.skip_bad_rows, task="preference",
                   num_proc=num_proc)
-    loaded = load_datasets(args.dataset, split_ratio=0.0 if args.val_dataset else
-                           args.split_dataset_ratio, **common)
-    train, val = loaded.train, loaded.val or None
+    train = val = report = None
+    if args.streaming:  # read as training goes; only a --val_dataset is read now
+        from swiftlite.data.stream import check_specs
+        check_specs(args.dataset)
+    else:
+        loaded = load_datasets(args.dataset, split_ratio=0.0 if args.val_dataset else
+                               args.split_dataset_ratio, **common)
+        train, val, report = loaded.train, loaded.val or None, loaded.report
+        info(f"dataset: {report.summary()}")
     if args.val_dataset:
         val = load_datasets(args.val_dataset, **common).train
-    info(f"dataset: {loaded.report.summary()}")
     if args.rlhf_type == "kto":
-        train, val = unpair(list(train)), unpair(list(val)) if val else None
-        pos = sum(r["label"] for r in train)
-        info(f"kto: {pos} desirable and {len(train) - pos} undesirable rows")
+        train, val = (unpair(list(x)) if x else x for x in (train, val))
+        if train:
+            pos = sum(r["label"] for r in train)
+            info(f"kto: {pos} desirable and {len(train) - pos} undesirable rows")
     else:
-        _refuse_unpaired(train)
-    return train, val, loaded.report
+        train, val = (_refuse_unpaired(x) if x else x for x in (train, val))
+    return train, val, report
 
 
-def _refuse_unpaired(rows) -> None:
-    first = rows[0]
+def _refuse_unpaired(rows):
+    """The rows, when they are pairs (for the methods that need them)."""
+    first = rows[0] if len(rows) else {}
     if "label" in first:
         raise UsageError(f"{first['where']}: these rows are unpaired (a completion with a "
                          "label), which only --rlhf_type kto trains on; give pairs (chosen and "
                          "rejected) or use --rlhf_type kto.")
+    return rows
+
+
+def _stream(args: RlhfArguments, template, tokenizer):
+    """--streaming: (the training stream, its StreamReport); the first row shown now."""
+    from swiftlite.data.pair_encode import PAIR_ENCODER, UNPAIRED_ENCODER
+    from swiftlite.data.stream import first_sample, stream_dataset
+    kto = args.rlhf_type == "kto"
+    options = dict(max_length=args.max_length, truncation_strategy=args.truncation_strategy,
+                   skip_bad_rows=args.skip_bad_rows, task="preference",
+                   encoder=UNPAIRED_ENCODER if kto else PAIR_ENCODER,
+                   prepare=unpair if kto else _refuse_unpaired)
+    first = first_sample(args.dataset, template, **options)
+    info(f"dataset: streaming {' '.join(args.dataset)} (nothing read upfront; shuffle buffer "
+         f"{args.shuffle_buffer_size} rows)")
+    if is_main_process():
+        info("first row:\n" + show_pair(first, tokenizer))
+    return stream_dataset(args.dataset, template, seed=args.data_seed,
+                          buffer_size=args.shuffle_buffer_size, **options)
 
 
 def _encode(rows, name: str, args: RlhfArguments, template):
@@ -130,9 +157,15 @@ def _run(args: RlhfArguments) -> TrainResult:
 
     # 2. Model folder, tokenizer and template; the pairs encoded with it (cached on disk).
     model_dir, model_info, tokenizer, template = run.model_and_template(args)
-    train_ds, report = _encode(train_rows, "train", args, template)
     val_ds, val_report = _encode(val_rows, "val", args, template) if val_rows else (None, None)
-    _show(train_ds, report, val_report, args, tokenizer)
+    if args.streaming:
+        train_ds, stream_report = _stream(args, template, tokenizer)
+        data_report = {"streaming": True, "shuffle_buffer_size": args.shuffle_buffer_size}
+    else:
+        train_ds, report = _encode(train_rows, "train", args, template)
+        _show(train_ds, report, val_report, args, tokenizer)
+        data_report = {**report.to_dict(), "rows": load_report.rows,
+                       "skipped_rows": dict(load_report.skipped)}
 
     # 3. Model + LoRA (new adapters, or an SFT checkpoint's going on training).
     adapter = args.adapters[0] if args.adapters else None
@@ -164,11 +197,17 @@ def _run(args: RlhfArguments) -> TrainResult:
                    reference="precomputed" if precompute else (
                        "the model with its adapters off" if args.rlhf_type in NEEDS_REFERENCE
                        else "none"),
-                   dataset_report={**report.to_dict(), "rows": load_report.rows,
-                                   "skipped_rows": dict(load_report.skipped)})
+                   dataset_report=data_report)
 
     # 6. Train, then the reward plots beside the loss plot.
-    metrics, last = run.train(trainer, args, hw, run_dir, val_ds is not None, t_start)
+    def stream_metrics() -> dict:
+        if not args.streaming:
+            return {}
+        info(f"stream: {stream_report.summary()}")
+        return {"dataset_stream": stream_report.to_dict()}
+
+    metrics, last = run.train(trainer, args, hw, run_dir, val_ds is not None, t_start,
+                              stream_metrics)
     if is_main_process():
         from swiftlite.training.plots import plot_rewards
         plot_rewards(run_dir)

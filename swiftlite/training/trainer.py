@@ -99,6 +99,12 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
     from swiftlite.training.deepspeed import training_kwargs
     extra.update(training_kwargs(args, hw))
     extra.setdefault("eval_strategy", "steps" if has_eval else "no")
+    if data_collator is not None and not hasattr(train_ds, "__len__"):
+        # A stream's batches are split by their first dimension when accelerate dispatches
+        # them from one process; a preference batch's tensors have different first
+        # dimensions (one padding-free row, a label per row), so each process reads its own.
+        extra["accelerator_config"] = {**extra.get("accelerator_config", {}),
+                                       "dispatch_batches": False}
     extra.setdefault("logging_nan_inf_filter", False)  # NonFiniteLossGuard must see a NaN
     try:
         ta = _training_arguments(args, run_dir, accum, dtype, hw, extra)

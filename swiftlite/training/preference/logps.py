@@ -12,10 +12,10 @@ partitions the head; a head with LoRA) the model's own logits are used.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from swiftlite.config.constants import IGNORE_INDEX, LOSS_CHUNK_ROWS
-from swiftlite.training.speedups import onednn_fp32
 from swiftlite.training.speedups.chunked_loss import (decoder_output, shifted_targets, unwrap,
                                                       why_unsupported)
 
@@ -23,8 +23,11 @@ MODEL_KEYS = ("input_ids", "position_ids", "attention_mask")
 
 
 def _chunk_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor):
-    # fp32 log-probabilities, like the model's own loss (16-bit logits upcast first)
-    logits = onednn_fp32.linear(hidden.to(weight.dtype), weight).float()
+    # fp32 log-probabilities, like the model's own loss (16-bit logits upcast first). The
+    # head's product through autograd: oneDNN's fp32 linear (training.speedups.onednn_fp32)
+    # has no backward, and here autograd differentiates it (SFT's chunked loss computes its
+    # gradient itself).
+    logits = F.linear(hidden.to(weight.dtype), weight).float()
     return torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
 
 
