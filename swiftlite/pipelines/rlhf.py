@@ -158,6 +158,7 @@ def _run(args: RlhfArguments) -> TrainResult:
     # 2. Model folder, tokenizer and template; the pairs encoded with it (cached on disk).
     model_dir, model_info, tokenizer, template = run.model_and_template(args)
     val_ds, val_report = _encode(val_rows, "val", args, template) if val_rows else (None, None)
+    stream_report = None
     if args.streaming:
         train_ds, stream_report = _stream(args, template, tokenizer)
         data_report = {"streaming": True, "shuffle_buffer_size": args.shuffle_buffer_size}
@@ -200,14 +201,8 @@ def _run(args: RlhfArguments) -> TrainResult:
                    dataset_report=data_report)
 
     # 6. Train, then the reward plots beside the loss plot.
-    def stream_metrics() -> dict:
-        if not args.streaming:
-            return {}
-        info(f"stream: {stream_report.summary()}")
-        return {"dataset_stream": stream_report.to_dict()}
-
     metrics, last = run.train(trainer, args, hw, run_dir, val_ds is not None, t_start,
-                              stream_metrics)
+                              stream_report)
     if is_main_process():
         from swiftlite.training.plots import plot_rewards
         plot_rewards(run_dir)

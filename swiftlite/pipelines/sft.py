@@ -165,6 +165,7 @@ def _run(args: SftArguments) -> TrainResult:
 
     # 3. Encode (cached on disk), split, and show what training will see.
     num_proc = _num_proc(args)
+    stream_report = None
     if args.streaming:
         train_ds, val_ds, val_report, stream_report = _stream(args, template, tokenizer,
                                                               num_proc)
@@ -213,12 +214,6 @@ def _run(args: SftArguments) -> TrainResult:
                                                  hw), dataset_report=data_report)
 
     # 6. Train.
-    def stream_metrics() -> dict:
-        if not args.streaming:
-            return {}
-        info(f"stream: {stream_report.summary()}")
-        return {"dataset_stream": stream_report.to_dict()}
-
     metrics, last = run.train(trainer, args, hw, run_dir, val_ds is not None, t_start,
-                              stream_metrics)
+                              stream_report)
     return TrainResult(run_dir, last, metrics)

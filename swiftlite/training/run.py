@@ -132,10 +132,10 @@ def write_args(run_dir: str, args, **resolved) -> None:
 
 
 def train(trainer, args, hw, run_dir: str, has_eval: bool, t_start: float,
-          after_training=None) -> tuple[dict, str | None]:
+          stream_report=None) -> tuple[dict, str | None]:
     """(metrics, last checkpoint): Trainer.train under the OOM guard (an OOM is answered with
     the next step of the tuning ladder), the final evaluation, the plots and metrics.json.
-    after_training(): more metrics, once training is over."""
+    stream_report: --streaming's data.stream.StreamReport, said and kept in the metrics."""
     from swiftlite.training.oom import oom_guard
     from swiftlite.training.plots import plot_losses
     if args.resume_from_checkpoint:
@@ -143,7 +143,10 @@ def train(trainer, args, hw, run_dir: str, has_eval: bool, t_start: float,
     info(f"ready to train after {time.time() - t_start:.1f} s")
     with oom_guard(args, hw):
         result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    metrics = {**result.metrics, **(after_training() if after_training else {})}
+    metrics = dict(result.metrics)
+    if stream_report is not None:
+        info(f"stream: {stream_report.summary()}")
+        metrics["dataset_stream"] = stream_report.to_dict()
     if has_eval:
         metrics.update(trainer.evaluate())
     last = last_checkpoint(run_dir)
