@@ -115,7 +115,7 @@ def test_a_tokenizer_without_eos_is_refused(tmp_path, capsys, tiny_qwen2, good):
 
 def test_a_template_whose_stop_words_is_a_string_is_refused(tmp_path, capsys, tiny_qwen2, good):
     # A string would be read as a list of one-character stop words: "<", "|", "i", "m", ...
-    spec = json.loads(open(os.path.join(REPO, "templates", "chatml.json")).read())
+    spec = json.loads(open(os.path.join(REPO, "swiftlite", "templates", "chatml.json")).read())
     spec["stop_words"] = "<|im_end|>"
     path = tmp_path / "mine.json"
     path.write_text(json.dumps(spec))

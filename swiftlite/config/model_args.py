@@ -12,7 +12,7 @@ class ModelArguments:
     model: Optional[str] = arg(None, "local model folder, hub id (Qwen/Qwen2-1.5B-Instruct) or "
                                "alias (Qwen2-1.5B-Instruct, SmolLM2-135M-Instruct, tiny-qwen2)",
                                group="model")
-    template: Optional[str] = arg(None, "chat template: a name from templates/ or a JSON file "
+    template: Optional[str] = arg(None, "chat template: a name from swiftlite/templates/ or a JSON file "
                                   "(an override); default (or 'model'): the model's own chat "
                                   "template, else 'default'", group="model")
     system: Optional[str] = arg(None, "default system prompt (replaces the template's)",

@@ -1,4 +1,4 @@
-"""JSON templates: small data files in templates/, for models without a chat template of their
+"""JSON templates: small data files in swiftlite/templates/, for models without a chat template of their
 own (base models), for --template overrides, and as a fast path for model templates they are
 proven to reproduce.
 
@@ -52,7 +52,7 @@ def template_names() -> list[str]:
 
 
 def load_spec(name_or_path: str) -> TemplateSpec:
-    """A template by name (a file shipped in templates/) or by path to a JSON file."""
+    """A template by name (a file shipped in swiftlite/templates/) or by path to a JSON file."""
     if name_or_path.endswith(".json") or os.path.sep in name_or_path:
         if not os.path.isfile(name_or_path):
             raise UsageError(f"--template {name_or_path}: no such file.")

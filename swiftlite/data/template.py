@@ -1,6 +1,6 @@
 """Which template renders a model's conversations.
 
-  --template NAME or PATH   a JSON template (shipped in templates/, or a file): an override
+  --template NAME or PATH   a JSON template (shipped in swiftlite/templates/, or a file): an override
   otherwise                 the model's own chat template (model_template), when its tokenizer
                             has one; a JSON template that is proven identical renders plain
                             conversations faster

@@ -1,6 +1,6 @@
 """What every chat template does with its rendering: token ids and labels, prompts, stops.
 
-Two kinds of template render conversations (json_template: small data files in templates/;
+Two kinds of template render conversations (json_template: small data files in swiftlite/templates/;
 model_template: the model's own Jinja template). Both render the whole conversation to one
 string with the character span of each assistant reply, and this module tokenises that string
 once and sets labels from the spans (offset mapping). Tokenising the whole string, not piece

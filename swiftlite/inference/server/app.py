@@ -9,6 +9,7 @@ import asyncio
 import hmac
 import json
 import time
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,248 +24,278 @@ from swiftlite.inference.server.scheduler import Job, QueueFull, Scheduler
 _TOOL_OPEN = TOOL_CALL_OPEN
 
 
+@dataclass
+class Deployment:
+    """What the handlers share, kept on app.state.deployment."""
+    engine: object
+    served: dict  # model name -> adapter name (None: the base model)
+    scheduler: Scheduler
+    api_key: str | None
+    max_queue_size: int
+    created: int
+    max_len: int | None  # the model's context, when its config says
+    tool_syntax: bool  # the template writes tool calls the engine can parse
+
+
 def create_app(engine, served: dict[str, str | None], *, api_key: str | None = None,
                max_batch_size: int = 8, max_queue_size: int = 64):
-    """served: model name -> adapter name (None: the base model). Annotations stay real
-    objects here (no `from __future__ import annotations`): FastAPI reads them."""
+    """served: model name -> adapter name (None: the base model)."""
     app = FastAPI(title="swiftlite deploy", docs_url=None, redoc_url=None, openapi_url=None)
     scheduler = Scheduler(engine, max_batch_size=max_batch_size, max_queue_size=max_queue_size)
     app.state.scheduler = scheduler
-    created = int(time.time())
-    max_len = int(getattr(engine.model.config, "max_position_embeddings", 0) or 0) or None
-    tool_syntax = writes_tool_calls(getattr(engine.template, "source", None))
+    app.state.deployment = Deployment(
+        engine, served, scheduler, api_key, max_queue_size, int(time.time()),
+        int(getattr(engine.model.config, "max_position_embeddings", 0) or 0) or None,
+        writes_tool_calls(getattr(engine.template, "source", None)))
+    app.on_event("shutdown")(scheduler.close)
+    app.add_exception_handler(api.ApiError, _api_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _internal)
+    app.middleware("http")(_auth)
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    return app
 
-    @app.on_event("shutdown")
-    def _close():
-        scheduler.close()
 
-    @app.exception_handler(api.ApiError)
-    async def _api_error(request, e: api.ApiError):
-        return JSONResponse(e.body(), status_code=e.status)
+def _deployment(request: Request) -> Deployment:
+    return request.app.state.deployment
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request, e: HTTPException):
-        return JSONResponse(api.ApiError(e.status_code, str(e.detail)).body(),
-                            status_code=e.status_code)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request, e):
-        return JSONResponse(api.ApiError(400, "invalid request").body(), status_code=400)
+# -- errors and the API key ------------------------------------------------------------------
+async def _api_error(request, e: api.ApiError):
+    return JSONResponse(e.body(), status_code=e.status)
 
-    @app.exception_handler(Exception)
-    async def _internal(request, e):  # logged by uvicorn; the client gets no traceback
-        return JSONResponse(api.ApiError(500, "internal server error").body(), status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key is not None and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), api_key.encode()):
-                return JSONResponse(api.ApiError(
-                    401, "invalid or missing API key (send Authorization: Bearer <key>)",
-                    code="invalid_api_key").body(), status_code=401)
-        return await call_next(request)
+async def _http_error(request, e: HTTPException):
+    return JSONResponse(api.ApiError(e.status_code, str(e.detail)).body(),
+                        status_code=e.status_code)
 
-    @app.get("/health")
-    def health():
-        return {"status": "ok"}
 
-    @app.get("/v1/models")
-    def models():
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "swiftlite"}
-            for name in served]}
+async def _validation_error(request, e):
+    return JSONResponse(api.ApiError(400, "invalid request").body(), status_code=400)
 
-    async def body_of(request: Request) -> dict:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError):
-            raise api.ApiError(400, "the request body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise api.ApiError(400, "the request body must be a JSON object")
-        name = body.get("model")
-        if name not in served:
-            raise api.ApiError(404, f"model {name!r} is not served here; served: "
-                               f"{', '.join(served)}", param="model", code="model_not_found")
-        return body
 
-    def jobs_for(ids: list[int], params: dict, adapter, loop) -> list[tuple[Job, asyncio.Queue]]:
-        if max_len is not None and len(ids) >= max_len:
-            raise api.ApiError(400, f"the prompt has {len(ids)} tokens; this model takes at "
-                               f"most {max_len}", param="messages", code="context_length_exceeded")
-        limit = params["max_tokens"] if max_len is None else min(params["max_tokens"],
-                                                                 max_len - len(ids))
-        out = []
-        for k in range(params["n"]):
-            q: asyncio.Queue = asyncio.Queue()
-            seed = None if params["seed"] is None else params["seed"] + k
-            job = Job(ids=ids, max_tokens=limit, temperature=params["temperature"],
-                      top_p=params["top_p"], seed=seed, stop=params["stop"], adapter=adapter,
-                      emit=lambda kind, payload, q=q: loop.call_soon_threadsafe(
-                          q.put_nowait, (kind, payload)))
-            out.append((job, q))
-        try:
-            scheduler.submit([j for j, _ in out])
-        except QueueFull:
-            raise api.ApiError(429, f"the server is busy ({max_queue_size} requests waiting); "
-                               "retry later", code="queue_full") from None
-        return out
+async def _internal(request, e):  # logged by uvicorn; the client gets no traceback
+    return JSONResponse(api.ApiError(500, "internal server error").body(), status_code=500)
 
-    async def finish_all(request: Request, pairs) -> list[tuple[str, dict]]:
-        """Wait for every job's text; a client that leaves cancels its jobs."""
-        results = []
-        try:
-            for job, q in pairs:
-                text = ""
-                while True:
-                    try:
-                        kind, payload = await asyncio.wait_for(q.get(), timeout=0.5)
-                    except asyncio.TimeoutError:
-                        if await request.is_disconnected():
-                            raise asyncio.CancelledError() from None
+
+async def _auth(request: Request, call_next):
+    api_key = _deployment(request).api_key
+    if api_key is not None and request.url.path.startswith("/v1"):
+        given = request.headers.get("authorization", "")
+        token = given[7:] if given.lower().startswith("bearer ") else ""
+        if not hmac.compare_digest(token.encode(), api_key.encode()):
+            return JSONResponse(api.ApiError(
+                401, "invalid or missing API key (send Authorization: Bearer <key>)",
+                code="invalid_api_key").body(), status_code=401)
+    return await call_next(request)
+
+
+# -- routes ----------------------------------------------------------------------------------
+def health():
+    return {"status": "ok"}
+
+
+def models(request: Request):
+    d = _deployment(request)
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": d.created, "owned_by": "swiftlite"}
+        for name in d.served]}
+
+
+async def body_of(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        raise api.ApiError(400, "the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise api.ApiError(400, "the request body must be a JSON object")
+    name, served = body.get("model"), _deployment(request).served
+    if name not in served:
+        raise api.ApiError(404, f"model {name!r} is not served here; served: "
+                           f"{', '.join(served)}", param="model", code="model_not_found")
+    return body
+
+def jobs_for(d: Deployment, ids: list[int], params: dict, adapter, loop
+             ) -> list[tuple[Job, asyncio.Queue]]:
+    max_len = d.max_len
+    if max_len is not None and len(ids) >= max_len:
+        raise api.ApiError(400, f"the prompt has {len(ids)} tokens; this model takes at "
+                           f"most {max_len}", param="messages", code="context_length_exceeded")
+    limit = params["max_tokens"] if max_len is None else min(params["max_tokens"],
+                                                             max_len - len(ids))
+    out = []
+    for k in range(params["n"]):
+        q: asyncio.Queue = asyncio.Queue()
+        seed = None if params["seed"] is None else params["seed"] + k
+        job = Job(ids=ids, max_tokens=limit, temperature=params["temperature"],
+                  top_p=params["top_p"], seed=seed, stop=params["stop"], adapter=adapter,
+                  emit=lambda kind, payload, q=q: loop.call_soon_threadsafe(
+                      q.put_nowait, (kind, payload)))
+        out.append((job, q))
+    try:
+        d.scheduler.submit([j for j, _ in out])
+    except QueueFull:
+        raise api.ApiError(429, f"the server is busy ({d.max_queue_size} requests waiting); "
+                           "retry later", code="queue_full") from None
+    return out
+
+async def finish_all(request: Request, pairs) -> list[tuple[str, dict]]:
+    """Wait for every job's text; a client that leaves cancels its jobs."""
+    results = []
+    try:
+        for job, q in pairs:
+            text = ""
+            while True:
+                try:
+                    kind, payload = await asyncio.wait_for(q.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        raise asyncio.CancelledError() from None
+                    continue
+                if kind == "delta":
+                    text += payload
+                elif kind == "error":
+                    raise api.ApiError(500, payload)
+                else:
+                    results.append((text, payload))
+                    break
+    finally:
+        for job, _ in pairs:
+            job.cancelled.set()
+    return results
+
+def encode(engine, messages, tools) -> list[int]:
+    try:
+        return engine.encode(messages, tools)
+    except UsageError as e:
+        raise api.ApiError(400, str(e), param="messages") from None
+
+
+async def chat(request: Request):
+    d, body = _deployment(request), await body_of(request)
+    engine = d.engine
+    params = api.sampling(body, 512)
+    messages, tools = api.chat_inputs(body)
+    loop = asyncio.get_running_loop()
+    ids = await loop.run_in_executor(None, encode, engine, messages, tools)
+    pairs = jobs_for(d, ids, params, d.served[body["model"]], loop)
+    rid, name = api.new_id("chatcmpl"), body["model"]
+    parse = bool(tools) and d.tool_syntax
+    if not body.get("stream"):
+        results = await finish_all(request, pairs)
+        choices = []
+        for k, (text, done) in enumerate(results):
+            message, finish = {"role": "assistant", "content": text}, done["finish_reason"]
+            if parse:
+                reply = engine.parse(text)
+                if reply["tool_calls"]:
+                    message = {"role": "assistant", "content": reply["content"] or None,
+                               "tool_calls": reply["tool_calls"]}
+                    finish = "tool_calls"
+            choices.append({"index": k, "message": message, "finish_reason": finish})
+        return api.chat_response(rid, name, choices, api.usage(
+            len(ids), sum(d["completion_tokens"] for _, d in results)))
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    return StreamingResponse(_chat_stream(engine, rid, name, pairs, ids, parse, include_usage),
+                             media_type="text/event-stream")
+
+async def _chat_stream(engine, rid, name, pairs, ids, parse, include_usage):
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+    completion = 0
+    try:
+        for k, (job, q) in enumerate(pairs):
+            yield sse(api.chat_chunk(rid, name, k, {"role": "assistant", "content": ""}))
+        # Choices stream one after the other (n > 1 is rare; each is generated in parallel).
+        for k, (job, q) in enumerate(pairs):
+            text, held = "", ""
+            while True:
+                kind, payload = await q.get()
+                if kind == "error":
+                    yield sse(api.ApiError(500, payload).body())
+                    return
+                if kind == "delta":
+                    text += payload
+                    if parse and (_TOOL_OPEN in text or _partial_open(text)):
+                        held += payload  # maybe a tool call: decided at the end
                         continue
-                    if kind == "delta":
-                        text += payload
-                    elif kind == "error":
-                        raise api.ApiError(500, payload)
-                    else:
-                        results.append((text, payload))
-                        break
-        finally:
-            for job, _ in pairs:
-                job.cancelled.set()
-        return results
+                    piece, held = held + payload, ""
+                    yield sse(api.chat_chunk(rid, name, k, {"content": piece}))
+                    continue
+                completion += payload["completion_tokens"]
+                finish = payload["finish_reason"]
+                reply = engine.parse(text) if parse else {"tool_calls": []}
+                if reply["tool_calls"]:
+                    before = text[:len(text) - len(held)]
+                    rest = reply["content"][len(before.strip()):] if reply["content"] else ""
+                    if rest.strip():
+                        yield sse(api.chat_chunk(rid, name, k, {"content": rest}))
+                    yield sse(api.chat_chunk(rid, name, k, {"tool_calls": [
+                        {"index": i, **c} for i, c in enumerate(reply["tool_calls"])]}))
+                    finish = "tool_calls"
+                elif held:
+                    yield sse(api.chat_chunk(rid, name, k, {"content": held}))
+                yield sse(api.chat_chunk(rid, name, k, {}, finish))
+                break
+        if include_usage:
+            yield sse({"id": rid, "object": "chat.completion.chunk",
+                       "created": int(time.time()), "model": name, "choices": [],
+                       "usage": api.usage(len(ids), completion)})
+        yield "data: [DONE]\n\n"
+    finally:  # also when the client disconnects mid-stream
+        for job, _ in pairs:
+            job.cancelled.set()
 
-    def encode(messages, tools) -> list[int]:
-        try:
-            return engine.encode(messages, tools)
-        except UsageError as e:
-            raise api.ApiError(400, str(e), param="messages") from None
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = await body_of(request)
-        params = api.sampling(body, 512)
-        messages, tools = api.chat_inputs(body)
-        loop = asyncio.get_running_loop()
-        ids = await loop.run_in_executor(None, encode, messages, tools)
-        pairs = jobs_for(ids, params, served[body["model"]], loop)
-        rid, name = api.new_id("chatcmpl"), body["model"]
-        parse = bool(tools) and tool_syntax
-        if not body.get("stream"):
-            results = await finish_all(request, pairs)
-            choices = []
-            for k, (text, done) in enumerate(results):
-                message, finish = {"role": "assistant", "content": text}, done["finish_reason"]
-                if parse:
-                    reply = engine.parse(text)
-                    if reply["tool_calls"]:
-                        message = {"role": "assistant", "content": reply["content"] or None,
-                                   "tool_calls": reply["tool_calls"]}
-                        finish = "tool_calls"
-                choices.append({"index": k, "message": message, "finish_reason": finish})
-            return api.chat_response(rid, name, choices, api.usage(
-                len(ids), sum(d["completion_tokens"] for _, d in results)))
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(_chat_stream(rid, name, pairs, ids, parse, include_usage),
-                                 media_type="text/event-stream")
+async def completions(request: Request):
+    d, body = _deployment(request), await body_of(request)
+    params = api.sampling(body, 16)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise api.ApiError(400, "prompt: must be a non-empty string", param="prompt")
+    ids = d.engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    loop = asyncio.get_running_loop()
+    pairs = jobs_for(d, ids, params, d.served[body["model"]], loop)
+    rid, name = api.new_id("cmpl"), body["model"]
 
-    async def _chat_stream(rid, name, pairs, ids, parse, include_usage):
-        def sse(obj) -> str:
-            return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-        completion = 0
+    def obj(choices, usage=None):
+        out = {"id": rid, "object": "text_completion", "created": int(time.time()),
+               "model": name, "choices": choices}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+    if not body.get("stream"):
+        results = await finish_all(request, pairs)
+        return obj([{"index": k, "text": t, "finish_reason": d["finish_reason"],
+                     "logprobs": None} for k, (t, d) in enumerate(results)],
+                   api.usage(len(ids), sum(d["completion_tokens"] for _, d in results)))
+
+    async def stream():
         try:
             for k, (job, q) in enumerate(pairs):
-                yield sse(api.chat_chunk(rid, name, k, {"role": "assistant", "content": ""}))
-            # Choices stream one after the other (n > 1 is rare; each is generated in parallel).
-            for k, (job, q) in enumerate(pairs):
-                text, held = "", ""
                 while True:
                     kind, payload = await q.get()
                     if kind == "error":
-                        yield sse(api.ApiError(500, payload).body())
+                        yield f"data: {json.dumps(api.ApiError(500, payload).body())}\n\n"
                         return
-                    if kind == "delta":
-                        text += payload
-                        if parse and (_TOOL_OPEN in text or _partial_open(text)):
-                            held += payload  # maybe a tool call: decided at the end
-                            continue
-                        piece, held = held + payload, ""
-                        yield sse(api.chat_chunk(rid, name, k, {"content": piece}))
-                        continue
-                    completion += payload["completion_tokens"]
-                    finish = payload["finish_reason"]
-                    reply = engine.parse(text) if parse else {"tool_calls": []}
-                    if reply["tool_calls"]:
-                        before = text[:len(text) - len(held)]
-                        rest = reply["content"][len(before.strip()):] if reply["content"] else ""
-                        if rest.strip():
-                            yield sse(api.chat_chunk(rid, name, k, {"content": rest}))
-                        yield sse(api.chat_chunk(rid, name, k, {"tool_calls": [
-                            {"index": i, **c} for i, c in enumerate(reply["tool_calls"])]}))
-                        finish = "tool_calls"
-                    elif held:
-                        yield sse(api.chat_chunk(rid, name, k, {"content": held}))
-                    yield sse(api.chat_chunk(rid, name, k, {}, finish))
-                    break
-            if include_usage:
-                yield sse({"id": rid, "object": "chat.completion.chunk",
-                           "created": int(time.time()), "model": name, "choices": [],
-                           "usage": api.usage(len(ids), completion)})
+                    done = kind == "done"
+                    yield "data: " + json.dumps(obj([{
+                        "index": k, "text": "" if done else payload, "logprobs": None,
+                        "finish_reason": payload["finish_reason"] if done else None}]),
+                        ensure_ascii=False) + "\n\n"
+                    if done:
+                        break
             yield "data: [DONE]\n\n"
-        finally:  # also when the client disconnects mid-stream
+        finally:
             for job, _ in pairs:
                 job.cancelled.set()
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await body_of(request)
-        params = api.sampling(body, 16)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if not isinstance(prompt, str) or not prompt:
-            raise api.ApiError(400, "prompt: must be a non-empty string", param="prompt")
-        ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        loop = asyncio.get_running_loop()
-        pairs = jobs_for(ids, params, served[body["model"]], loop)
-        rid, name = api.new_id("cmpl"), body["model"]
-
-        def obj(choices, usage=None):
-            out = {"id": rid, "object": "text_completion", "created": int(time.time()),
-                   "model": name, "choices": choices}
-            if usage is not None:
-                out["usage"] = usage
-            return out
-        if not body.get("stream"):
-            results = await finish_all(request, pairs)
-            return obj([{"index": k, "text": t, "finish_reason": d["finish_reason"],
-                         "logprobs": None} for k, (t, d) in enumerate(results)],
-                       api.usage(len(ids), sum(d["completion_tokens"] for _, d in results)))
-
-        async def stream():
-            try:
-                for k, (job, q) in enumerate(pairs):
-                    while True:
-                        kind, payload = await q.get()
-                        if kind == "error":
-                            yield f"data: {json.dumps(api.ApiError(500, payload).body())}\n\n"
-                            return
-                        done = kind == "done"
-                        yield "data: " + json.dumps(obj([{
-                            "index": k, "text": "" if done else payload, "logprobs": None,
-                            "finish_reason": payload["finish_reason"] if done else None}]),
-                            ensure_ascii=False) + "\n\n"
-                        if done:
-                            break
-                yield "data: [DONE]\n\n"
-            finally:
-                for job, _ in pairs:
-                    job.cancelled.set()
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    return app
+    return StreamingResponse(stream(), media_type="text/event-stream")
 
 
 def _partial_open(text: str) -> bool:
