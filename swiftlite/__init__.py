@@ -3,6 +3,7 @@
 Python API (the same arguments as the CLI):
     swiftlite.sft(model="SmolLM2-135M-Instruct", dataset=["self-cognition#500"], ...)
     swiftlite.rlhf(model="SmolLM2-135M-Instruct", dataset=["pairs.jsonl"], rlhf_type="dpo")
+    swiftlite.eval(ckpt_dir=..., eval_dataset=["qa.jsonl"], compare="SmolLM2-135M-Instruct")
     swiftlite.merge_lora(ckpt_dir="output/.../checkpoint-50")
     swiftlite.infer(ckpt_dir=..., messages=[...])
     swiftlite.deploy(ckpt_dir=..., adapters=["name=path"], port=8000)   # serves until stopped
@@ -16,6 +17,8 @@ _LAZY = {
     "SftArguments": ("swiftlite.config.arguments", "SftArguments"),
     "rlhf": ("swiftlite.pipelines.rlhf", "rlhf"),
     "RlhfArguments": ("swiftlite.config.rlhf_args", "RlhfArguments"),
+    "eval": ("swiftlite.pipelines.eval", "eval"),
+    "EvalArguments": ("swiftlite.config.eval_args", "EvalArguments"),
     "get_template": ("swiftlite.data.template", "get_template"),
     "merge_lora": ("swiftlite.pipelines.merge", "merge_lora"),
     "infer": ("swiftlite.pipelines.infer", "infer"),

@@ -14,6 +14,8 @@ COMMANDS = {
     "sft": ("swiftlite.pipelines.sft:main", "LoRA (or full) supervised fine-tuning"),
     "rlhf": ("swiftlite.pipelines.rlhf:main", "preference training: DPO (and its loss types), "
                                               "ORPO, SimPO, CPO, KTO"),
+    "eval": ("swiftlite.pipelines.eval:main", "score a model or checkpoint: ROUGE, BLEU, exact "
+                                              "match, tool calls, multiple choice, loss"),
     "merge-lora": ("swiftlite.pipelines.merge:main", "merge a LoRA checkpoint into a plain model"),
     "infer": ("swiftlite.pipelines.infer:main", "chat with a model or checkpoint, or batch-infer a "
                                                 "dataset"),
@@ -24,7 +26,7 @@ COMMANDS = {
     "web-ui": ("swiftlite.webui.app:main", "start the Gradio Web-UI"),
 }
 # Commands that run a model: worth tcmalloc's lower peak memory (see runtime/allocator.py).
-ALLOCATOR_COMMANDS = ("sft", "rlhf", "infer", "merge-lora", "deploy")
+ALLOCATOR_COMMANDS = ("sft", "rlhf", "eval", "infer", "merge-lora", "deploy")
 
 
 def main(argv: list[str] | None = None) -> int:

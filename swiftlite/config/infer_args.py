@@ -1,7 +1,6 @@
 """Arguments of `swiftlite infer`."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -48,18 +47,6 @@ class InferArguments(ModelArguments, PlacementArguments, GenerationArguments):
         problems += self.quant_problems()
 
         problems += check_choices(self)
-        problems += not_positive(self, ("max_new_tokens", "max_batch_size"))
-        if self.temperature < 0:
-            problems.append(f"--temperature must be 0 or more, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            problems.append(f"--top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            problems.append(f"--top_k must be 0 or more, got {self.top_k}")
-        if self.repetition_penalty <= 0:
-            problems.append(f"--repetition_penalty must be positive, got "
-                            f"{self.repetition_penalty}")
+        problems += not_positive(self, ("max_batch_size",)) + self.generation_problems()
         raise_if(problems)
         return self
-
-    def generation_kwargs(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerationArguments)}

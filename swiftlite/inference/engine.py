@@ -240,12 +240,18 @@ class InferEngine:
         """Answers for many conversations (message lists, or {"messages", "tools"} dicts),
         generated max_batch_size at a time with left padding (prompts sorted by length so
         batches pad little); same answers as one by one."""
+        return [a.text for a in self.answer_batch(conversations, max_batch_size, progress, **gen)]
+
+    def answer_batch(self, conversations: list, max_batch_size: int = 8, progress: bool = False,
+                     **gen) -> list["Answer"]:
+        """generate_batch's answers with how each ended (evaluation counts the ones that never
+        stopped)."""
         import torch
         from tqdm import tqdm
         prompts = [self.encode(c) for c in conversations]
         config = self.generation_config(**gen)
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        answers: list[str | None] = [None] * len(prompts)
+        answers: list[Answer | None] = [None] * len(prompts)
         pad = self.tokenizer.pad_token_id
         bar = tqdm(total=len(prompts), desc="generating", unit="conv", disable=not progress)
         for start in range(0, len(order), max_batch_size):
@@ -265,14 +271,24 @@ class InferEngine:
         bar.close()
         return answers
 
-    def _decode(self, ids: list[int]) -> str:
+    def _decode(self, ids: list[int]) -> "Answer":
+        stopped = False
         for k, t in enumerate(ids):
             if t in self._eos:
-                ids = ids[:k]
+                ids, stopped = ids[:k], True
                 break
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         hits = [text.find(w) for w in self.template.stop_words if w and w in text]
-        return text[:min(hits)] if hits else text
+        if hits:
+            text, stopped = text[:min(hits)], True
+        return Answer(text, "stop" if stopped else "length", len(ids))
+
+
+@dataclasses.dataclass
+class Answer:
+    text: str
+    finish_reason: str  # "stop": the model ended its turn; "length": max_new_tokens ran out
+    tokens: int  # generated tokens, the end of turn excluded
 
 
 def _eos_ids(model, template) -> list[int]:

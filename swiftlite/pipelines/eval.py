@@ -1,0 +1,170 @@
+"""`swiftlite eval`: did the fine-tuning help? A model or checkpoint scored on evaluation sets.
+
+  chat sets             answers generated (the engine of `infer`), scored against the last
+                        assistant message: ROUGE, BLEU-4, exact match, stopped, tool calls;
+                        and the references' loss with the training encoding
+  multiple-choice sets  the likeliest option letter after the model's chat template: accuracy
+
+Every set is read and checked before a model loads. Writes OUTPUT/metrics.json and
+OUTPUT/predictions.jsonl, prints a table; --compare evaluates a second model on the same rows
+(its predictions in predictions-compare.jsonl, both in compare.png).
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from swiftlite.config.eval_args import EvalArguments
+from swiftlite.config.parsing import build
+from swiftlite.log import info
+
+
+# -- reading the sets ------------------------------------------------------------------------
+def read_sets(args: EvalArguments) -> dict[str, dict]:
+    """name -> {"kind": "chat" | "choice", "rows": [...], "shots": [...]} for every
+    --eval_dataset, each checked (a UsageError naming file:line on bad rows)."""
+    from swiftlite.data import load_conversations, parse_spec
+    from swiftlite.data.files import read_rows
+    from swiftlite.errors import UsageError
+    from swiftlite.evaluation import choice
+    sets = {}
+    for spec in args.eval_dataset:
+        path, n = parse_spec(spec)
+        name = os.path.basename(path) if spec == path else os.path.basename(spec)
+        raw = read_rows(path) if os.path.isfile(path) else []
+        if raw and choice.is_choice_file(raw[0][1]):
+            items = choice.check_rows(raw, path)
+            shots, items = items[:args.n_shot], items[args.n_shot:]
+            if not items:
+                raise UsageError(f"{path}: no questions left to score after --n_shot "
+                                 f"{args.n_shot} examples.")
+            if n is not None and n < len(items):
+                items = random.Random(args.seed or 0).sample(items, n)
+            sets[name] = {"kind": "choice", "rows": items, "shots": shots}
+        else:
+            convs, report = load_conversations([spec], require_reply=True,
+                                               skip_bad_rows=args.skip_bad_rows,
+                                               seed=args.seed if args.seed is not None else 42)
+            sets[name] = {"kind": "chat", "rows": convs}
+            info(f"{spec}: {report.summary()}")
+    return sets
+
+
+# -- scoring one model -----------------------------------------------------------------------
+def score_chat(engine, convs: list[dict], args: EvalArguments) -> list[dict]:
+    from swiftlite.evaluation.metrics import text_scores, tool_call_scores
+    prompts = [{"messages": c["messages"][:-1], "tools": c.get("tools")} for c in convs]
+    answers = engine.answer_batch(prompts, max_batch_size=args.max_batch_size, progress=True,
+                                  **args.generation_kwargs())
+    rows = []
+    for c, p, a in zip(convs, prompts, answers):
+        ref = c["messages"][-1]
+        row = {"messages": p["messages"], "reference": ref.get("content") or "",
+               "response": a.text, "finish_reason": a.finish_reason, "tokens": a.tokens}
+        if p["tools"]:
+            row["tools"] = p["tools"]
+            reply = engine.parse(a.text)
+            row["tool_calls"] = reply["tool_calls"]
+            row["reference_tool_calls"] = ref.get("tool_calls") or []
+            row.update(tool_call_scores(reply["tool_calls"], ref.get("tool_calls")))
+            row["content"] = reply["content"]  # the text beside the calls: what is scored
+        rows.append(row)
+    text = [r for r in rows if r["reference"].strip()]  # a reply that only calls tools has none
+    _, per_row = text_scores([r.get("content", r["response"]) for r in text],
+                             [r["reference"] for r in text])
+    for r, s in zip(text, per_row):
+        r.update(s)
+    if args.eval_loss:
+        from swiftlite.evaluation.scoring import reply_losses
+        losses = reply_losses(engine.model, engine.template, engine.device, convs,
+                              args.max_batch_size)
+        for r, (nll, n) in zip(rows, losses):
+            r["nll"], r["loss_tokens"] = nll, n
+    return rows
+
+
+def score_model(engine, sets: dict[str, dict], args: EvalArguments) -> dict[str, list[dict]]:
+    from swiftlite.evaluation import choice
+    out = {}
+    for name, s in sets.items():
+        t0 = time.time()
+        if s["kind"] == "choice":
+            rows = choice.score(engine.model, engine.template, engine.device, s["rows"],
+                                s["shots"], args.max_batch_size)
+        else:
+            rows = score_chat(engine, s["rows"], args)
+        for r in rows:
+            r["dataset"] = name
+        out[name] = rows
+        info(f"{name}: {len(rows)} rows scored in {time.time() - t0:.1f} s "
+             f"({len(rows) / max(time.time() - t0, 1e-9):.2f} rows/s)")
+    return out
+
+
+def _load(args: EvalArguments, target: str | None = None, dtype: str | None = None):
+    """The engine of the evaluated model, or of --compare's (a folder: a checkpoint or model
+    folder; otherwise a model id or alias) in the first one's dtype unless --torch_dtype says."""
+    from swiftlite.inference.engine import InferEngine, engine_overrides
+    overrides = engine_overrides(args)
+    if target is None:
+        return InferEngine.load(args.ckpt_dir, args.model, **overrides)
+    overrides.pop("template", None)  # the compared model keeps its own template and system
+    overrides.pop("system", None)
+    if args.torch_dtype == "auto" and dtype:
+        overrides["torch_dtype"] = dtype
+    if os.path.isdir(target):
+        return InferEngine.load(target, None, **overrides)
+    return InferEngine.load(None, target, **overrides)
+
+
+def label_of(args: EvalArguments) -> str:
+    return args.ckpt_dir or args.model
+
+
+# -- the command -----------------------------------------------------------------------------
+def run(args: EvalArguments) -> dict:
+    from swiftlite.evaluation import report
+    args.validate()
+    sets = read_sets(args)  # bad data is reported before any model loads
+    out = os.path.abspath(args.output_dir or os.path.join(
+        args.ckpt_dir or "output", "eval", time.strftime("%Y%m%d-%H%M%S")))
+    os.makedirs(out, exist_ok=True)
+    engine = _load(args)
+    rows, dtype = score_model(engine, sets, args), engine.dtype
+    engine.unload()
+    metrics = report.metrics_of(rows, label_of(args))
+    report.write_json_lines(os.path.join(out, "predictions.jsonl"),
+                            [r for rs in rows.values() for r in rs])
+    other = None
+    if args.compare:
+        engine = _load(args, args.compare, dtype)
+        other_rows = score_model(engine, sets, args)
+        engine.unload()
+        other = report.metrics_of(other_rows, args.compare)
+        report.write_json_lines(os.path.join(out, "predictions-compare.jsonl"),
+                                [r for rs in other_rows.values() for r in rs])
+        metrics["compare"] = other
+        report.chart(os.path.join(out, "compare.png"), metrics, other)
+    report.write_json(os.path.join(out, "metrics.json"), metrics)
+    print(report.table(metrics, other), flush=True)
+    info(f"metrics, predictions{' and compare.png' if other else ''} in {out}")
+    metrics["output_dir"] = out
+    return metrics
+
+
+def eval(args: EvalArguments | dict | None = None, **kwargs) -> dict:  # noqa: A001
+    """Python API: swiftlite.eval(ckpt_dir=..., eval_dataset=["qa.jsonl"]) -> the metrics (as in
+    metrics.json, plus "output_dir")."""
+    if args is None or isinstance(args, dict):
+        args = build(EvalArguments, {**(args or {}), **kwargs}, where="swiftlite.eval")
+    return run(args)
+
+
+def main(argv: list[str]) -> None:
+    from swiftlite.config.argv import parse_argv
+    args = parse_argv(EvalArguments, argv, "swiftlite eval",
+                      "Score a model or checkpoint on chat sets (generated answers: ROUGE, "
+                      "BLEU-4, exact match, stopped, tool calls, loss) and multiple-choice sets "
+                      "(accuracy); --compare another model on the same rows.")
+    run(args)
