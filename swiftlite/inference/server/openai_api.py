@@ -1,7 +1,7 @@
 """OpenAI's chat and completions APIs: checking a request body, and the response shapes.
 
-A bad field raises ApiError(400) naming it; what swiftlite does not do (logprobs, echo,
-forcing a tool call) is refused by name rather than silently ignored.
+A bad field raises ApiError(400) naming it; what swiftlite does not do (forcing a tool call,
+echo on chat) is refused by name rather than silently ignored.
 """
 from __future__ import annotations
 
@@ -29,8 +29,14 @@ def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param=param)
 
 
-def sampling(body: dict, max_tokens_default: int) -> dict:
-    """The generation settings of a request, checked."""
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def sampling(body: dict, max_tokens_default: int, chat: bool = True) -> dict:
+    """The generation settings of a request, checked; with its log-probability settings:
+    "logprobs" (None: none; k: the chosen token's log-prob and the k most likely) and "echo"
+    (completions: the prompt comes back first, with its log-probs when logprobs is set)."""
     def number(name, lo, hi, default, kind=float):
         v = body.get(name)
         if v is None:
@@ -42,12 +48,16 @@ def sampling(body: dict, max_tokens_default: int) -> dict:
             raise _bad(name, f"must be between {lo} and {hi}, got {v}")
         return kind(v)
 
+    logprobs, echo = logprob_settings(body, chat)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     which = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    # max_tokens 0 with echo scores the prompt and generates nothing (as vLLM allows).
+    least = 0 if echo else 1
     if max_tokens is None:
         max_tokens = max_tokens_default
-    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise _bad(which, f"must be a positive integer, got {max_tokens!r}")
+    elif not _integer(max_tokens) or max_tokens < least:
+        raise _bad(which, f"must be a positive integer{' (or 0 with echo)' if not chat else ''}"
+                          f", got {max_tokens!r}")
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -57,16 +67,71 @@ def sampling(body: dict, max_tokens_default: int) -> dict:
             isinstance(s, str) and s for s in stop):
         raise _bad("stop", "must be a string or a list of up to 4 non-empty strings")
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+    if seed is not None and not _integer(seed):
         raise _bad("seed", f"must be an integer, got {seed!r}")
-    for name in ("logprobs", "echo"):
-        if body.get(name):
-            raise _bad(name, "is not supported by swiftlite deploy")
     if not isinstance(body.get("stream", False), bool):
         raise _bad("stream", "must be true or false")
     return {"max_tokens": max_tokens, "temperature": number("temperature", 0, 2, 1.0),
             "top_p": number("top_p", 0.0, 1.0, 1.0) or 1.0, "n": number("n", 1, 16, 1, int),
-            "seed": seed, "stop": stop}
+            "seed": seed, "stop": stop, "logprobs": logprobs, "echo": echo}
+
+
+# The most alternatives per token: OpenAI's limits (chat's top_logprobs, the legacy logprobs).
+MAX_TOP_LOGPROBS = {True: 20, False: 5}
+
+
+def logprob_settings(body: dict, chat: bool) -> tuple[int | None, bool]:
+    """(alternatives per token or None, echo). Chat: logprobs true/false and top_logprobs;
+    completions: logprobs as the number of alternatives, and echo."""
+    most = MAX_TOP_LOGPROBS[chat]
+    logprobs = body.get("logprobs")
+    if chat:
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise _bad("logprobs", f"must be true or false, got {logprobs!r}")
+        top = body.get("top_logprobs")
+        if top is not None:
+            if not _integer(top) or not 0 <= top <= most:
+                raise _bad("top_logprobs", f"must be an integer from 0 to {most}, got {top!r}")
+            if not logprobs:
+                raise _bad("top_logprobs", "needs logprobs: true")
+        if body.get("echo"):
+            raise _bad("echo", "is a /v1/completions field; chat completions do not echo")
+        return (top or 0) if logprobs else None, False
+    if logprobs is not None and (not _integer(logprobs) or not 0 <= logprobs <= most):
+        raise _bad("logprobs", f"must be an integer from 0 to {most} (the alternatives per "
+                               f"token), got {logprobs!r}")
+    echo = body.get("echo", False)
+    if echo is None:
+        echo = False
+    if not isinstance(echo, bool):
+        raise _bad("echo", f"must be true or false, got {echo!r}")
+    return logprobs, echo
+
+
+def prompts(body: dict) -> tuple[list[str | list[int]], bool]:
+    """The prompts of a completions request and whether it is a batch: a string, a list of
+    token ids, or a list of either (a batch: one choice per prompt, in order)."""
+    p = body.get("prompt")
+    what = "must be a non-empty string, a list of token ids, or a non-empty list of either"
+    batch = not (isinstance(p, str) or (isinstance(p, list) and p and all(map(_integer, p))))
+    if not batch:
+        p = [p]
+    if not isinstance(p, list) or not p:
+        raise _bad("prompt", what)
+    for i, one in enumerate(p):
+        if isinstance(one, list):
+            if not one or not all(map(_integer, one)):
+                raise _bad(f"prompt[{i}]", "must be a non-empty list of token ids")
+        elif not isinstance(one, str) or not one:
+            raise _bad(f"prompt[{i}]", what)
+    return p, batch
+
+
+def check_ids(ids: list[int], vocab: int, param: str) -> None:
+    """Token ids the model has (an id past its embedding would fail the whole batch)."""
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise _bad(param, f"token id {bad} is not in this model's vocabulary (0..{vocab - 1})")
 
 
 def chat_inputs(body: dict) -> tuple[list[dict], list[dict] | None]:
@@ -105,10 +170,11 @@ def chat_response(rid: str, model: str, choices: list[dict], usage: dict) -> dic
             "choices": choices, "usage": usage}
 
 
-def chat_chunk(rid: str, model: str, index: int, delta: dict, finish: str | None = None) -> dict:
+def chat_chunk(rid: str, model: str, index: int, delta: dict, finish: str | None = None,
+               logprobs: dict | None = None) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model, "choices": [{"index": index, "delta": delta,
-                                         "finish_reason": finish}]}
+                                         "logprobs": logprobs, "finish_reason": finish}]}
 
 
 def usage(prompt: int, completion: int) -> dict:

@@ -10,6 +10,11 @@ free: they are prefilled on their own and their KV cache is appended to the batc
 left-padded to one length). None join while an older job waits for another adapter, so the
 batch then drains and that adapter's turn comes. transformers' generate() cannot do per-row
 sampling settings, drop rows or add them mid-batch, hence this loop.
+
+Log-probabilities are of the model's own distribution (log_softmax of the raw logits, before
+temperature and top_p: vLLM's default "raw" logprobs), so they score text the same way
+whatever the sampling settings. A job that asks for its prompt's log-probs (echo) is
+prefilled alone with the logits of every position; no other job pays for them.
 """
 from __future__ import annotations
 
@@ -29,13 +34,25 @@ class QueueFull(Exception):
 class Job:
     ids: list[int]
     max_tokens: int
-    emit: Callable  # emit(kind, payload) from the worker thread: ("delta", str), ("done", dict)
+    # emit(kind, payload) from the worker thread: ("delta", str), ("done", dict), ("error", str),
+    # and with logprobs ("token", TokenLogprob) before the text it adds, ("prompt",
+    # [TokenLogprob per prompt token]) before anything else.
+    emit: Callable
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     adapter: str | None = None  # None: the base model
+    logprobs: int | None = None  # None: no log-probs; k: the chosen token's and the k likeliest
+    prompt_logprobs: bool = False  # the prompt's log-probs too (needs logprobs)
     cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class TokenLogprob:
+    token: int
+    logprob: float | None  # None: the first prompt token (nothing predicts it)
+    top: list[tuple[int, float]]  # the k likeliest (id, log-prob), most likely first
 
 
 class Scheduler:
@@ -71,7 +88,8 @@ class Scheduler:
                 self._cond.wait()
             if self._stop:
                 return []
-            return self._take(self._waiting[0].adapter, self.max_batch_size)
+            head = self._waiting[0]
+            return self._take(head.adapter, self.max_batch_size, head.prompt_logprobs)
 
     def _admit(self, adapter, room: int) -> list[Job]:
         """Waiting jobs that may join a running batch of `adapter` now (never blocks)."""
@@ -80,10 +98,13 @@ class Scheduler:
             if room <= 0 or self._stop or not self._waiting or \
                     self._waiting[0].adapter != adapter:
                 return []
-            return self._take(adapter, room)
+            return self._take(adapter, room, self._waiting[0].prompt_logprobs)
 
-    def _take(self, adapter, count: int) -> list[Job]:  # holding self._cond
-        batch = [j for j in self._waiting if j.adapter == adapter][:count]
+    def _take(self, adapter, count: int, scoring: bool) -> list[Job]:  # holding self._cond
+        # A job scoring its prompt is prefilled alone: its logits are length x vocabulary
+        # floats, which must not be multiplied by a batch (nor asked of the others' rows).
+        batch = [j for j in self._waiting if j.adapter == adapter and
+                 j.prompt_logprobs == scoring][:1 if scoring else count]
         taken = set(map(id, batch))
         self._waiting = [j for j in self._waiting if id(j) not in taken]
         return batch
@@ -158,9 +179,14 @@ class Scheduler:
                             device=eng.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
+        scoring = any(j.prompt_logprobs for j in jobs)  # then one job alone (see _take)
         out = eng.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                        **_forward_kwargs(eng.model, cache))
+                        **_forward_kwargs(eng.model, cache, every_position=scoring))
+        for r, j in enumerate(jobs):
+            if j.prompt_logprobs:
+                j.emit("prompt", prompt_logprobs(out.logits[r], j.ids, j.logprobs or 0))
         state = _State(cache, mask, pos[:, -1:], out.logits[:, -1, :].float())
+        del out
         return self._step(rows, state)
 
     def _decode(self, state: "_State") -> "_State":
@@ -187,7 +213,13 @@ class Scheduler:
                 j.emit("done", {"finish_reason": "cancelled",
                                 "completion_tokens": len(row.tokens)})
                 continue
+            if j.max_tokens == 0:  # echo scoring only: nothing to generate
+                row.finished = True
+                j.emit("done", {"finish_reason": "length", "completion_tokens": 0})
+                continue
             t = _sample(state.logits[r], j.temperature, j.top_p, row.gen)
+            if j.logprobs is not None:  # the end-of-turn token too: it was generated
+                j.emit("token", token_logprob(state.logits[r], t, j.logprobs))
             finish = None
             if t in eng._eos:
                 finish = "stop"
@@ -281,15 +313,16 @@ def _trim_left(state: _State) -> None:
         state.mask = state.mask[:, first:]
 
 
-def _forward_kwargs(model, cache) -> dict:
+def _forward_kwargs(model, cache, every_position: bool = False) -> dict:
     """The KV cache under the name this transformers version takes, and logits of the last
-    position only (a prefill's full logits would be batch x length x vocabulary floats)."""
+    position only (a prefill's full logits would be batch x length x vocabulary floats)
+    unless every position's are asked for."""
     import inspect
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = inspect.signature(type(base).forward).parameters
     kw = {"cache" if "cache" in names else "past_key_values": cache, "use_cache": True}
     if "logits_to_keep" in names:
-        kw["logits_to_keep"] = 1
+        kw["logits_to_keep"] = 0 if every_position else 1  # 0: all of them
     return kw
 
 
@@ -304,3 +337,38 @@ def _sample(logits, temperature: float, top_p: float, generator) -> int:
         sorted_p[cut] = 0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_logprob(logits, token: int, k: int) -> TokenLogprob:
+    """The chosen token's log-prob and the k likeliest, from one position's raw logits."""
+    import torch
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    top = []
+    if k:
+        values, ids = lp.topk(min(k, lp.shape[-1]))
+        top = list(zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(token, float(lp[token]), top)
+
+
+# Prompt positions per log_softmax: bounds the float32 copy of a long prompt's logits.
+_PROMPT_CHUNK = 256
+
+
+def prompt_logprobs(logits, ids: list[int], k: int) -> list[TokenLogprob]:
+    """Each prompt token's log-prob given the tokens before it (None for the first, which
+    nothing predicts). logits: the prompt's (length x vocabulary), without padding."""
+    import torch
+    out = [TokenLogprob(ids[0], None, [])]
+    logits = logits[-len(ids):]
+    for start in range(0, len(ids) - 1, _PROMPT_CHUNK):
+        end = min(start + _PROMPT_CHUNK, len(ids) - 1)
+        lp = torch.log_softmax(logits[start:end].float(), dim=-1)
+        target = torch.tensor(ids[start + 1:end + 1], device=lp.device)
+        chosen = lp.gather(1, target[:, None])[:, 0].tolist()
+        if k:
+            values, top_ids = lp.topk(min(k, lp.shape[-1]), dim=-1)
+            tops = [list(zip(a, b)) for a, b in zip(top_ids.tolist(), values.tolist())]
+        else:
+            tops = [[] for _ in chosen]
+        out += [TokenLogprob(t, c, top) for t, c, top in zip(ids[start + 1:end + 1], chosen, tops)]
+    return out
