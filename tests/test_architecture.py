@@ -13,9 +13,10 @@ PACKAGE = os.path.join(REPO, "swiftlite")
 LAYERS = [
     {"swiftlite.cli", "swiftlite.webui"},
     {"swiftlite.pipelines"},
-    {"swiftlite.training", "swiftlite.inference", "swiftlite.export", "swiftlite.evaluation"},
+    {"swiftlite.training", "swiftlite.inference", "swiftlite.export"},
+    {"swiftlite.evaluation"},
     {"swiftlite.estimate"},
-    {"swiftlite.data", "swiftlite.models"},
+    {"swiftlite.data", "swiftlite.models", "swiftlite.templates"},
     {"swiftlite.config"},
     {"swiftlite.runtime"},
     {"swiftlite.errors", "swiftlite.log"},

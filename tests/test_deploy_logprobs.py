@@ -284,6 +284,31 @@ metric_list:
 """
 
 
+CHAT_TASK_YAML = """task: swiftlite_capitals_chat
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{prompt}}}}"
+doc_to_choice: ["A", "B", "C", "D"]
+doc_to_target: "{{{{answer}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def choice_file_rows():
+    """The capitals as a multiple-choice file for swiftlite eval (question, A-D, answer)."""
+    return [{"question": f"What is the capital of {d['country']}?",
+             **dict(zip("ABCD", d["choices"])), "answer": "ABCD"[d["answer"]]}
+            for d in capitals_docs()]
+
+
 def capitals_docs():
     """Each country with four cities: its capital and the next three capitals of the list,
     the right one at a different place each time."""
@@ -311,6 +336,17 @@ def test_lm_eval_local_completions_scores_through_the_server(smollm2, tmp_path, 
     data = write_jsonl(tmp_path / "capitals.jsonl", docs)
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "capitals.yaml").write_text(TASK_YAML.format(data=data))
+    # The same questions as swiftlite eval asks them: its chat prompt, the letters scored.
+    from swiftlite.data.template import get_template
+    from swiftlite.evaluation import choice as mc
+    template = get_template(None, AutoTokenizer.from_pretrained(smollm2))
+    rows = choice_file_rows()
+    mc_file = write_jsonl(tmp_path / "capitals_mc.jsonl", rows)
+    chat_docs = [{"prompt": template.render_prompt(mc.conversation(
+        {"question": r["question"], "options": {k: r[k] for k in "ABCD"}}, [])),
+        "answer": "ABCD".index(r["answer"])} for r in rows]
+    chat_data = write_jsonl(tmp_path / "capitals_chat.jsonl", chat_docs)
+    (tmp_path / "tasks" / "capitals_chat.yaml").write_text(CHAT_TASK_YAML.format(data=chat_data))
     proc, port, _ = start_server("--model", "SmolLM2-135M-Instruct", "--torch_dtype", "float32")
     try:
         t0 = time.monotonic()
@@ -319,14 +355,14 @@ def test_lm_eval_local_completions_scores_through_the_server(smollm2, tmp_path, 
             model_args={"model": "SmolLM2-135M-Instruct", "tokenizer": smollm2,
                         "base_url": f"http://127.0.0.1:{port}/v1/completions",
                         "tokenizer_backend": "huggingface", "max_retries": 1},
-            tasks=["swiftlite_capitals"], batch_size=4,
+            tasks=["swiftlite_capitals", "swiftlite_capitals_chat"], batch_size=4,
             task_manager=TaskManager(include_path=str(tmp_path / "tasks"),
                                      include_defaults=False),
             log_samples=True, bootstrap_iters=0)
         took = time.monotonic() - t0
     finally:
         stop_server(proc)
-    assert took < 60, f"lm-eval took {took:.0f} s"
+    assert took < 90, f"lm-eval took {took:.0f} s"
     acc = out["results"]["swiftlite_capitals"]["acc,none"]
 
     # The same pairs through transformers: lm-eval's causal encoding (context + " " + choice
@@ -350,3 +386,21 @@ def test_lm_eval_local_completions_scores_through_the_server(smollm2, tmp_path, 
         served = [float(r[0]) for r in s["filtered_resps"]]
         assert served == pytest.approx(lls, abs=TOL)
     assert acc > 0.5  # SmolLM2 knows most of these capitals
+
+    # swiftlite eval on the multiple-choice file: the same accuracy and the same choices as
+    # lm-eval through swiftlite deploy.
+    import swiftlite
+    m = swiftlite.eval(model=smollm2, eval_dataset=[mc_file], torch_dtype="float32",
+                       output_dir=str(tmp_path / "eval"))
+    ours = [json.loads(x) for x in open(tmp_path / "eval" / "predictions.jsonl")]
+    theirs = sorted(out["samples"]["swiftlite_capitals_chat"], key=lambda s: s["doc_id"])
+    assert [p["choice"] for p in ours] == [
+        "ABCD"[max(range(4), key=lambda j: float(s["filtered_resps"][j][0]))] for s in theirs]
+    # lm-eval moves the prompt's trailing "\n" into each continuation ("\nA"): its figures
+    # carry log P("\n" | prompt) more, the same for every option; the differences are equal.
+    for p, s in zip(ours, theirs):
+        mine = [p["logprobs"][k] for k in "ABCD"]
+        served = [float(r[0]) for r in s["filtered_resps"]]
+        assert [x - mine[0] for x in mine] == pytest.approx([x - served[0] for x in served],
+                                                            abs=TOL)
+    assert m["overall"]["accuracy"] == out["results"]["swiftlite_capitals_chat"]["acc,none"]

@@ -205,3 +205,54 @@ def test_a_self_cognition_checkpoint_beats_its_base(tmp_path, smollm2_cognition)
                                      [[bleu_text(p["reference"]) for p in preds]]).score
         assert metrics["bleu4"] == pytest.approx(bleu, abs=1e-9)
     assert (out / "compare.png").stat().st_size > 10_000
+
+
+# -- during training ---------------------------------------------------------------------------
+def test_the_reference_is_read_back_from_the_training_encoding(tiny_qwen2):
+    from swiftlite.data.template import get_template
+    from swiftlite.models.loader import load_tokenizer
+    from swiftlite.training.eval_generate import last_reply
+    tok = load_tokenizer(tiny_qwen2)
+    template = get_template(None, tok)
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
+            {"role": "user", "content": "Who are you?"},
+            {"role": "assistant", "content": "I am Swifty."}]
+    enc = template.encode(msgs)
+    prompt, ref = last_reply(enc["input_ids"], enc["labels"])
+    assert prompt == template.encode_prompt(msgs[:-1])
+    assert tok.decode(ref, skip_special_tokens=True).strip() == "I am Swifty."
+    assert ref[-1] in template.stop_token_ids()  # the end of turn that stops generation
+
+
+def test_early_stopping_names_the_best_checkpoint_and_logs_generation_metrics(tmp_path):
+    """Trained to answer "Swifty" and validated on "Robin" answers to the same questions: the
+    validation loss rises, the run stops, the best checkpoint is the lowest eval_loss's."""
+    train = write_jsonl(tmp_path / "who.jsonl", chat_rows(WHO) * 2)
+    val = write_jsonl(tmp_path / "robin.jsonl", chat_rows(
+        [(q, "Robin here, built by Zeta Labs in a small garden.") for q, _ in WHO[:4]]))
+    r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", train, "--val_dataset", val,
+                "--eval_generate", "true", "--eval_max_new_tokens", "12",
+                "--early_stopping_patience", "1", "--max_steps", "40", "--save_steps", "4",
+                "--learning_rate", "1e-2", "--lr_scheduler_type", "constant",
+                "--warmup_ratio", "0", "--logging_steps", "4",
+                "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+                "--report_to", "none", "--output_dir", tmp_path / "run", "--add_version", "false")
+    logs = [json.loads(x) for x in open(tmp_path / "run" / "logging.jsonl")]
+    losses = {x["step"]: x["eval_loss"] for x in logs if "eval_loss" in x}
+    scored = [x for x in logs if "eval_rougeL" in x]
+    assert scored and {"eval_rouge1", "eval_rouge2", "eval_bleu4", "eval_exact_match",
+                       "eval_stopped"} <= set(scored[0])
+    assert all(0 <= x["eval_rougeL"] <= 100 and 0 <= x["eval_stopped"] <= 1 for x in scored)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["stopped_early_at_step"] < 40
+    best = min(losses, key=losses.get)
+    assert metrics["best_model_checkpoint"].endswith(f"checkpoint-{best}")
+    assert f"best checkpoint: {metrics['best_model_checkpoint']}" in r.stderr
+    assert "stopped early at step" in r.stderr
+
+
+def test_training_flags_that_need_a_validation_set_say_so(tmp_path):
+    data = write_jsonl(tmp_path / "who.jsonl", chat_rows(WHO))
+    for flag, value in (("--early_stopping_patience", "2"), ("--eval_generate", "true")):
+        r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", data, flag, value, check=False)
+        assert r.returncode == 2 and f"{flag} needs data to evaluate on" in r.stderr

@@ -63,6 +63,11 @@ class RlhfArguments(SftArguments, PreferenceArguments):
 
     def problems(self) -> list[str]:
         problems = super().problems()
+        if self.eval_generate:
+            problems.append("--eval_generate scores answers to SFT rows; for preference pairs "
+                            "the eval step already logs rewards/accuracies (use "
+                            "--metric_for_best_model rewards/accuracies with "
+                            "--early_stopping_patience), or run swiftlite eval on the checkpoint")
         if self.rlhf_type in LOSS_TYPES:
             problems += self._preference_problems()
         return problems

@@ -64,6 +64,13 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
                 self.val_dataset or self.split_dataset_ratio):
             problems.append(f"--eval_strategy {self.training_args['eval_strategy']} needs data "
                             "to evaluate on: add --val_dataset FILE or --split_dataset_ratio 0.05")
+        for flag in ("early_stopping_patience", "eval_generate"):
+            if getattr(self, flag) and not (self.val_dataset or self.split_dataset_ratio):
+                problems.append(f"--{flag} needs data to evaluate on: add --val_dataset FILE or "
+                                "--split_dataset_ratio 0.05")
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            problems.append(f"--early_stopping_patience must be at least 1, got "
+                            f"{self.early_stopping_patience}")
         if not 0 <= self.lora_dropout < 1:
             problems.append(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if self.learning_rate <= 0:

@@ -31,6 +31,16 @@ class TrainArguments:
     save_steps: int = arg(500, "save a checkpoint every N steps", group="train")
     eval_steps: Optional[int] = arg(None, "evaluate every N steps (default: --save_steps)",
                                     group="train")
+    early_stopping_patience: Optional[int] = arg(None, "stop when the eval metric "
+                                                 "(--metric_for_best_model, default eval_loss) "
+                                                 "has not improved for N evaluations; the best "
+                                                 "checkpoint is named at the end",
+                                                 group="train")
+    eval_generate: bool = arg(False, "at each evaluation, also answer the validation rows "
+                              "(greedy) and log ROUGE-1/2/L, BLEU-4, exact match and stopped, "
+                              "as swiftlite eval scores them", group="train")
+    eval_max_new_tokens: int = arg(128, "--eval_generate: longest answer in tokens",
+                                   group="train")
     save_total_limit: Optional[int] = arg(None, "keep only the last N checkpoints",
                                           group="train")
     seed: int = arg(42, "random seed", group="train")

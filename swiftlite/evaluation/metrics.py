@@ -3,7 +3,8 @@ ROUGE-1/2/L F-measure by `rouge-score`, BLEU-4 by `sacrebleu`. Text with Chinese
 first cut into words by `jieba` (as ms-swift and LLaMA-Factory do): rouge-score's own
 tokenizer keeps only ASCII letters and digits, and BLEU needs word boundaries.
 
-ROUGE and BLEU are on a 0-100 scale; shares (exact match, stopped, tool calls) are 0-1.
+ROUGE and BLEU are percentages (as the peers report them); shares (exact match, stopped, tool
+calls) are fractions.
 """
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from swiftlite.config.constants import IGNORE_INDEX
+
 
 def _forward_batches(model, device: str, seqs: list[list[int]], pad: int, batch: int,
                      use: Callable) -> None:
@@ -35,7 +37,7 @@ def reply_losses(model, template, device: str, conversations: list[dict], batch:
 
     def use(i, logprobs):
         labels = encoded[i]["labels"][1:]  # position t predicts token t + 1
-        picked = [(t, y) for t, y in enumerate(labels) if y != -100]
+        picked = [(t, y) for t, y in enumerate(labels) if y != IGNORE_INDEX]
         out[i] = (-sum(float(logprobs[t, y]) for t, y in picked), len(picked))
     _forward_batches(model, device, [e["input_ids"] for e in encoded],
                      template.tokenizer.pad_token_id, batch, use)

@@ -149,6 +149,16 @@ def train(trainer, args, hw, run_dir: str, has_eval: bool, t_start: float,
         metrics["dataset_stream"] = stream_report.to_dict()
     if has_eval:
         metrics.update(trainer.evaluate())
+    state = trainer.state
+    if args.early_stopping_patience and state.global_step < state.max_steps:
+        info(f"stopped early at step {state.global_step} of {state.max_steps}: "
+             f"{trainer.args.metric_for_best_model} did not improve for "
+             f"{args.early_stopping_patience} evaluation(s)")
+        metrics["stopped_early_at_step"] = state.global_step
+    if state.best_model_checkpoint:
+        info(f"best checkpoint: {state.best_model_checkpoint} "
+             f"({trainer.args.metric_for_best_model} {state.best_metric:.4f})")
+        metrics["best_model_checkpoint"] = state.best_model_checkpoint
     last = last_checkpoint(run_dir)
     if is_main_process():
         plot_losses(run_dir)

@@ -106,6 +106,8 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         extra["accelerator_config"] = {**extra.get("accelerator_config", {}),
                                        "dispatch_batches": False}
     extra.setdefault("logging_nan_inf_filter", False)  # NonFiniteLossGuard must see a NaN
+    if args.early_stopping_patience:
+        extra.setdefault("metric_for_best_model", "eval_loss")
     try:
         ta = _training_arguments(args, run_dir, accum, dtype, hw, extra)
     except ValueError as e:  # transformers' own consistency checks: a usage error, not a bug
@@ -116,12 +118,23 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
     if data_collator is None:
         from swiftlite.data.packing import PackedDataset
         data_collator = collator(tokenizer, args.padding_free, isinstance(train_ds, PackedDataset))
+    callbacks = [JsonlLogger(os.path.join(run_dir, "logging.jsonl")), NonFiniteLossGuard(hw),
+                 CheckpointArgs(run_dir)]
+    scorer = None
+    if has_eval and args.eval_generate:  # before early stopping: it may watch these figures
+        from swiftlite.training.eval_generate import GenerationMetrics
+        scorer = GenerationMetrics(val_ds, tokenizer, args.eval_max_new_tokens,
+                                   args.per_device_eval_batch_size)
+        callbacks.append(scorer)
+    if args.early_stopping_patience:
+        from transformers import EarlyStoppingCallback
+        callbacks.append(EarlyStoppingCallback(args.early_stopping_patience))
     trainer = trainer_cls(model=model, args=ta, train_dataset=_without_length(train_ds),
                           eval_dataset=_without_length(val_ds) if has_eval else None,
                           data_collator=data_collator, processing_class=tokenizer,
-                          callbacks=[JsonlLogger(os.path.join(run_dir, "logging.jsonl")),
-                                     NonFiniteLossGuard(hw), CheckpointArgs(run_dir)],
-                          **trainer_kwargs)
+                          callbacks=callbacks, **trainer_kwargs)
+    if scorer is not None:
+        scorer.trainer = trainer
     return trainer
 
 
