@@ -124,7 +124,7 @@ def test_a_check_that_runs_out_of_memory_loses_no_finished_merge(tiny_run, tmp_p
     """The merged folder is in place before the check starts: memory running out during the
     check (simulated: a MemoryError from the check, as a machine too small for it would give)
     leaves the finished merge complete and loadable, and nothing half-written beside it."""
-    from swiftlite.inference import verify
+    from swiftlite.export import verify
 
     def out_of_memory(*args, **kwargs):
         raise MemoryError("simulated: the check did not fit")
@@ -218,7 +218,7 @@ import json, sys
 import torch
 from swiftlite.data.template import get_template
 from swiftlite.inference.checkpoints import describe
-from swiftlite.inference import verify
+from swiftlite.export import verify
 from swiftlite.models.loader import load_tokenizer
 from swiftlite.pipelines.merge import check_samples
 ckpt_dir, merged, how = sys.argv[1:]

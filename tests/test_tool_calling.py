@@ -130,3 +130,28 @@ def test_checkpoint_and_merged_model_keep_the_models_own_template(tmp_path, tiny
                 text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
                 assert text.startswith("<|im_start|>system\nYou are Swifty.<|im_end|>")
                 assert tok.chat_template.endswith(own)
+
+
+@pytest.mark.slow
+def test_eval_scores_the_tool_calls_of_the_trained_checkpoint(tool_run, tmp_path):
+    """swiftlite eval on unseen cities: tool-call accuracy is the share of rows whose parsed
+    call equals the reference's name and JSON arguments, as read back from predictions.jsonl."""
+    run, _ = tool_run
+    rows = [{"tools": [WEATHER], "messages": [
+        {"role": "user", "content": f"What is the weather in {c}?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+            "name": "get_weather", "arguments": {"city": c}}}]}]} for c in ("Madrid", "Quito",
+                                                                             "Paris", "Rome")]
+    data = write_jsonl(tmp_path / "calls.jsonl", rows)
+    run_cli("eval", "--ckpt_dir", run / "checkpoint-100", "--eval_dataset", data,
+            "--max_new_tokens", "40", "--eval_loss", "false", "--output_dir", tmp_path / "out")
+    m = json.loads((tmp_path / "out" / "metrics.json").read_text())["overall"]
+    preds = [json.loads(x) for x in open(tmp_path / "out" / "predictions.jsonl")]
+    assert m["tool_call_name_accuracy"] == 1.0  # it learned to call get_weather
+    right = [[(c["function"]["name"], json.loads(c["function"]["arguments"]))
+              for c in p["tool_calls"]] == [("get_weather", {"city": r["messages"][0]["content"]
+                                             .split(" in ")[1].rstrip("?")})]
+             for p, r in zip(preds, rows)]
+    assert m["tool_call_accuracy"] == sum(right) / len(rows)
+    assert right[2] and right[3]  # the cities it was trained on
+    assert "rougeL" not in m  # a reply that only calls tools has no text to score

@@ -1,7 +1,7 @@
 """`swiftlite merge-lora`: a LoRA checkpoint -> a plain transformers model folder.
 
   checkpoint (adapter + args.json) -> base model files -> merged shards (tensor by tensor, see
-  inference/streaming_merge) + config + generation config + tokenizer carrying the training chat template
+  export/streaming_merge) + config + generation config + tokenizer carrying the training chat template
   and system prompt + swiftlite.json -> logit check against the adapter -> rename into place.
 
 Everything is written into a hidden temporary folder next to the output and renamed at the
@@ -65,7 +65,7 @@ def run(args: MergeArguments) -> str:
 
 
 def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
-    from swiftlite.inference import streaming_merge as ms
+    from swiftlite.export import streaming_merge as ms
     from swiftlite.models.safetensors_files import base_index, tensor_meta
     from swiftlite.models.loader import load_tokenizer, torch_dtype
     from swiftlite.data.template import get_template
@@ -135,7 +135,7 @@ def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
 def _verify(args: MergeArguments, ckpt, out: str, template, dtype_name: str, out_dtype) -> None:
     """Print how far the merged model's logits are from the adapter's (and, for scale, what
     16-bit rounding or the quantized base costs); warn when it is more than rounding."""
-    from swiftlite.inference.verify import max_logit_difference
+    from swiftlite.export.verify import max_logit_difference
     from swiftlite.models.loader import quantization_config
     info("checking the merged model against the adapter, one layer at a time (the merged "
          "model is saved: stopping here loses nothing; --verify false skips this)")

@@ -1,0 +1,1 @@
+"""Export: a LoRA checkpoint merged into a plain model (tensor by tensor) and checked."""
