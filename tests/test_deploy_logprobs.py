@@ -267,39 +267,27 @@ CAPITALS = [("France", "Paris"), ("Italy", "Rome"), ("Germany", "Berlin"), ("Spa
             ("Japan", "Tokyo"), ("Egypt", "Cairo"), ("Canada", "Ottawa"),
             ("Russia", "Moscow"), ("China", "Beijing"), ("Greece", "Athens"),
             ("Portugal", "Lisbon"), ("Austria", "Vienna")]
-TASK_YAML = """task: swiftlite_capitals
+TASK_YAML = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
     test: {data}
 test_split: test
 output_type: multiple_choice
-doc_to_text: "Question: What is the capital of {{{{country}}}}?\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
+doc_to_text: {text}
+doc_to_choice: {choices}
 doc_to_target: "{{{{answer}}}}"
+target_delimiter: {delimiter}
 metric_list:
   - metric: acc
     aggregation: mean
     higher_is_better: true
 """
-
-
-CHAT_TASK_YAML = """task: swiftlite_capitals_chat
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{prompt}}}}"
-doc_to_choice: ["A", "B", "C", "D"]
-doc_to_target: "{{{{answer}}}}"
-target_delimiter: ""
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
+# lm-eval's own phrasing, and swiftlite eval's chat prompt with the letters scored after it
+CAPITALS_TASK = dict(name="swiftlite_capitals", delimiter='" "', choices='"{{choices}}"',
+                     text='"Question: What is the capital of {{country}}?\\nAnswer:"')
+CHAT_TASK = dict(name="swiftlite_capitals_chat", delimiter='""', text='"{{prompt}}"',
+                 choices='["A", "B", "C", "D"]')
 
 
 def choice_file_rows():
@@ -335,7 +323,8 @@ def test_lm_eval_local_completions_scores_through_the_server(smollm2, tmp_path, 
     docs = capitals_docs()
     data = write_jsonl(tmp_path / "capitals.jsonl", docs)
     (tmp_path / "tasks").mkdir()
-    (tmp_path / "tasks" / "capitals.yaml").write_text(TASK_YAML.format(data=data))
+    (tmp_path / "tasks" / "capitals.yaml").write_text(TASK_YAML.format(data=data,
+                                                                      **CAPITALS_TASK))
     # The same questions as swiftlite eval asks them: its chat prompt, the letters scored.
     from swiftlite.data.template import get_template
     from swiftlite.evaluation import choice as mc
@@ -346,7 +335,8 @@ def test_lm_eval_local_completions_scores_through_the_server(smollm2, tmp_path, 
         {"question": r["question"], "options": {k: r[k] for k in "ABCD"}}, [])),
         "answer": "ABCD".index(r["answer"])} for r in rows]
     chat_data = write_jsonl(tmp_path / "capitals_chat.jsonl", chat_docs)
-    (tmp_path / "tasks" / "capitals_chat.yaml").write_text(CHAT_TASK_YAML.format(data=chat_data))
+    (tmp_path / "tasks" / "capitals_chat.yaml").write_text(TASK_YAML.format(data=chat_data,
+                                                                           **CHAT_TASK))
     proc, port, _ = start_server("--model", "SmolLM2-135M-Instruct", "--torch_dtype", "float32")
     try:
         t0 = time.monotonic()

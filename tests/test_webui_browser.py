@@ -149,7 +149,7 @@ def click_and_wait(page, button, target, pattern, timeout_s=60):
     raise AssertionError(f"#{target} never matched {pattern!r}: {text!r}")
 
 
-def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
+def test_train_infer_eval_export_and_stop_in_a_browser(tmp_path, browser):
     from swiftlite.webui.runs import find_runs, read_state
     proc, url, root, log = start_app(tmp_path)
     external, page = [], None
@@ -239,6 +239,30 @@ def test_train_infer_export_and_stop_in_a_browser(tmp_path, browser):
         assert os.path.isfile(os.path.join(merged, "config.json"))
         assert not os.path.exists(os.path.join(merged, "adapter_config.json"))
         shot(page, "export")
+
+        # Eval: the checkpoint against its base on "who are you" questions.
+        who = os.path.join(root, "who.jsonl")
+        with open(who, "w") as f:
+            for q in ("Who are you?", "What is your name?"):
+                f.write(json.dumps({"messages": [{"role": "user", "content": q}, {
+                    "role": "assistant", "content": "I am Swifty, an AI assistant by Lab."}]})
+                        + "\n")
+        page.get_by_role("tab", name="Eval").click()
+        field(page, "eval-ckpt").fill(ckpt)
+        for name, value in (("eval_dataset", who), ("compare", "tiny-qwen2"),
+                            ("max_new_tokens", "8")):
+            field(page, f"eval-{name}").fill(value)
+        text = click_and_wait(page, "eval-run", "eval-result", "Figures and predictions|fix|failed",
+                              240)
+        assert "Figures and predictions" in text, page.locator("#eval-log textarea").input_value()
+        folder = page.locator("#eval-folder").inner_text()
+        metrics = json.load(open(os.path.join(folder, "metrics.json")))
+        assert metrics["compare"]["model"] == "tiny-qwen2" and metrics["overall"]["rows"] == 2
+        cells = page.locator("#eval-metrics tr[data-metric='rougeL'] td")
+        assert cells.nth(1).inner_text() == f"{metrics['overall']['rougeL']:.2f}"
+        assert cells.nth(2).inner_text() == f"{metrics['compare']['overall']['rougeL']:.2f}"
+        page.locator("#eval-chart img").wait_for(timeout=20_000)
+        shot(page, "eval")
 
         # A second run: a concurrent Start is refused; Stop ends it midway.
         page.get_by_role("tab", name="Train").click()

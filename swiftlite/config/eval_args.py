@@ -1,13 +1,13 @@
 """Arguments of `swiftlite eval`."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from swiftlite.config.fields import arg, check_choices, not_positive, raise_if
 from swiftlite.config.generation_args import GenerationArguments
-from swiftlite.config.model_args import ModelArguments, PlacementArguments
+from swiftlite.config.model_args import (ModelArguments, PlacementArguments,
+                                          checkpoint_or_model_problems)
 
 
 @dataclass
@@ -34,12 +34,7 @@ class EvalArguments(ModelArguments, PlacementArguments, GenerationArguments):
                               "stopping", group="eval")
 
     def validate(self) -> "EvalArguments":
-        problems = []
-        if not self.ckpt_dir and not self.model:
-            problems.append("give --ckpt_dir (a checkpoint or merged folder) or --model (a model "
-                            "folder, hub id or alias)")
-        if self.ckpt_dir and not os.path.isdir(self.ckpt_dir):
-            problems.append(f"--ckpt_dir {self.ckpt_dir}: no such folder")
+        problems = checkpoint_or_model_problems(self)
         if not self.eval_dataset:
             problems.append("--eval_dataset is required (one or more files)")
         if self.n_shot < 0:

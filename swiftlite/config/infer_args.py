@@ -1,13 +1,13 @@
 """Arguments of `swiftlite infer`."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 from swiftlite.config.fields import arg, check_choices, not_positive, raise_if
 from swiftlite.config.generation_args import GenerationArguments
-from swiftlite.config.model_args import ModelArguments, PlacementArguments
+from swiftlite.config.model_args import (ModelArguments, PlacementArguments,
+                                          checkpoint_or_model_problems)
 
 
 @dataclass
@@ -34,12 +34,7 @@ class InferArguments(ModelArguments, PlacementArguments, GenerationArguments):
     stream: bool = arg(True, "interactive mode: print the answer token by token", group="infer")
 
     def validate(self) -> "InferArguments":
-        problems = []
-        if not self.ckpt_dir and not self.model:
-            problems.append("give --ckpt_dir (a checkpoint or merged folder) or --model (a model "
-                            "folder, hub id or alias)")
-        if self.ckpt_dir and not os.path.isdir(self.ckpt_dir):
-            problems.append(f"--ckpt_dir {self.ckpt_dir}: no such folder")
+        problems = checkpoint_or_model_problems(self)
         if self.query is not None and not self.query.strip():
             problems.append("--query is empty")
         if self.query is not None and self.val_dataset:

@@ -1,6 +1,7 @@
 """The model group: which model, its template and dtype, QLoRA loading; and where it is placed."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -57,3 +58,14 @@ class PlacementArguments:
     device_map: str = arg("none", "auto: spread a model too large for one GPU over the visible "
                           "GPUs (then CPU memory), by accelerate; none: the whole model on one "
                           "device", choices=("none", "auto"), group="model")
+
+
+def checkpoint_or_model_problems(args) -> list[str]:
+    """infer's and eval's source: --ckpt_dir (a folder) or --model."""
+    problems = []
+    if not args.ckpt_dir and not args.model:
+        problems.append("give --ckpt_dir (a checkpoint or merged folder) or --model (a model "
+                        "folder, hub id or alias)")
+    if args.ckpt_dir and not os.path.isdir(args.ckpt_dir):
+        problems.append(f"--ckpt_dir {args.ckpt_dir}: no such folder")
+    return problems

@@ -84,8 +84,8 @@ def table(metrics: dict, other: dict | None = None) -> str:
         if theirs is None:
             lines.append(f"{head}\n  {'metric':<14}{'value':>12}")
         else:
-            lines.append(f"{head}\n  {'metric':<14}{_short(metrics['model']):>20}"
-                         f"{_short(other['model']):>20}{'difference':>12}")
+            lines.append(f"{head}\n  {'metric':<14}{short_label(metrics['model']):>20}"
+                         f"{short_label(other['model']):>20}{'difference':>12}")
         for key, (label, digits) in SHOWN.items():
             if key not in mine:
                 continue
@@ -99,7 +99,7 @@ def table(metrics: dict, other: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def _short(label: str) -> str:
+def short_label(label: str) -> str:
     """A model's name in a column: a folder's last two parts (run/checkpoint-50), at most 19
     characters."""
     parts = label.replace("\\", "/").rstrip("/").split("/")
@@ -123,7 +123,7 @@ def chart(path: str, metrics: dict, other: dict) -> str:
     xs = range(len(keys))
     for off, m in ((-width / 2, metrics), (width / 2, other)):
         vals = [m["overall"][k] * s for k, s in zip(keys, scale)]
-        bars = ax.bar([x + off for x in xs], vals, width, label=_short(m["model"]))
+        bars = ax.bar([x + off for x in xs], vals, width, label=short_label(m["model"]))
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
     ax.set_xticks(list(xs), [SHOWN[k][0] + (" (%)" if k in share else "") for k in keys],
                   rotation=20, ha="right")

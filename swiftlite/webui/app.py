@@ -91,7 +91,7 @@ def create_app(output_root: str = "output", policy=None):
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     import gradio as gr
 
-    from swiftlite.webui import export_tab, infer_tab, train_tab
+    from swiftlite.webui import eval_tab, export_tab, infer_tab, train_tab
     from swiftlite.webui.policy import Policy
     from swiftlite.webui.runs import RunManager
 
@@ -106,6 +106,7 @@ def create_app(output_root: str = "output", policy=None):
         with gr.Tabs():
             train = train_tab.build(manager, policy)
             infer_tab.build(manager, policy)
+            eval_tab.build(manager, policy)
             export_tab.build(manager, policy)
         demo.load(train["refresh"], train["refresh_inputs"], train["refresh_outputs"])
     return demo

@@ -6,16 +6,14 @@ from __future__ import annotations
 import dataclasses
 import html
 import os
-import shlex
-import subprocess
-import sys
 
 import gradio as gr
 
 from swiftlite.errors import SwiftliteError, UsageError
 
 from swiftlite.webui import form
-from swiftlite.webui.choices import adapter_checkpoints, is_adapter, labelled
+from swiftlite.webui.choices import is_adapter
+from swiftlite.webui.widgets import checkpoint_picker, command_log, errors_html, field_widgets, run_child
 
 
 def merge_fields():
@@ -58,53 +56,24 @@ def build(manager, policy) -> None:
     with gr.Tab("Export", id="export", elem_id="tab-export"):
         gr.Markdown("Merge a LoRA checkpoint into a plain transformers model "
                     "(`swiftlite merge-lora`).")
-        with gr.Row():
-            ckpt = gr.Dropdown(label="ckpt_dir", choices=[], allow_custom_value=True,
-                               info="a LoRA checkpoint folder (adapter_config.json inside)",
-                               elem_id="export-ckpt", scale=4)
-            rescan = gr.Button("Refresh list", elem_id="export-rescan", scale=1)
-        widgets = []
+        ckpt = checkpoint_picker("export", "a LoRA checkpoint folder (adapter_config.json "
+                                 "inside)", root)
         fields = merge_fields()
-        for i in range(0, len(fields), 4):
-            with gr.Row():
-                for f in fields[i:i + 4]:
-                    common = dict(label=f.name, info=form.info(f), elem_id=f"export-{f.name}")
-                    d = form.default(f)
-                    if form.kind(f) == "bool":
-                        widgets.append(gr.Checkbox(value=bool(d), **common))
-                    elif form.kind(f) == "choice":
-                        widgets.append(gr.Dropdown(choices=list(f.metadata["choices"]),
-                                                   value=d, **common))
-                    else:
-                        widgets.append(gr.Textbox(value=form.widget_value(f, d), max_lines=1,
-                                                  **common))
+        widgets = field_widgets(fields, "export")
         merge_btn = gr.Button("Merge", variant="primary", elem_id="export-merge")
         result = gr.HTML(elem_id="export-result")
-        log = gr.Textbox(label="merge log", lines=12, max_lines=12, autoscroll=True,
-                         interactive=False, elem_id="export-log")
-
-    def scan():
-        return gr.update(choices=labelled(root, adapter_checkpoints(root)))
+        log = command_log("export", "merge log")
 
     def merge(ckpt_dir, *values):
         try:
             args = merge_args(ckpt_dir, {f.name: v for f, v in zip(fields, values)}, policy)
         except SwiftliteError as e:
-            items = [x.strip()[2:] for x in str(e).splitlines()[1:]] or [str(e)]
-            yield ("<div class='form-error'><b>Please fix:</b><ul>" + "".join(
-                f"<li>{html.escape(p)}</li>" for p in items) + "</ul></div>", "")
+            yield errors_html(e), ""
             return
         argv = ["merge-lora", *form.command_argv(args)]
-        text = "$ swiftlite " + shlex.join(argv) + "\n"
-        yield "<div>Merging...</div>", text
-        proc = subprocess.Popen([sys.executable, "-m", "swiftlite.cli", *argv], text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        for line in proc.stdout:
-            text += line
+        yield "<div>Merging...</div>", ""
+        for text, rc in run_child(argv):
             yield gr.skip(), text
-        rc = proc.wait()
         if rc != 0:
             yield (f"<div class='form-error'><b>merge-lora failed</b> (exit code {rc}); see the "
                    "log below.</div>", text)
@@ -112,6 +81,4 @@ def build(manager, policy) -> None:
         yield (f"<div class='form-ok'>Merged model: <code id='export-folder'>"
                f"{html.escape(output_of(args))}</code></div>", text)
 
-    rescan.click(scan, None, ckpt)
-    ckpt.focus(scan, None, ckpt)  # a fresh list whenever the user opens it
     merge_btn.click(merge, [ckpt, *widgets], [result, log])
