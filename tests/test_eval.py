@@ -224,6 +224,7 @@ def test_the_reference_is_read_back_from_the_training_encoding(tiny_qwen2):
     assert ref[-1] in template.stop_token_ids()  # the end of turn that stops generation
 
 
+@pytest.mark.slow
 def test_early_stopping_names_the_best_checkpoint_and_logs_generation_metrics(tmp_path):
     """Trained to answer "Swifty" and validated on "Robin" answers to the same questions: the
     validation loss rises, the run stops, the best checkpoint is the lowest eval_loss's."""

@@ -472,3 +472,20 @@ def test_estimate_counts_two_sequences_per_pair():
     est = for_training(RlhfArguments(model="Qwen2-1.5B-Instruct", dataset=["d"],
                                      rlhf_type="orpo"), torch_dtype="bfloat16")
     assert est.rlhf_type == "orpo"
+
+
+@pytest.mark.slow
+def test_early_stopping_on_swapped_validation_pairs(pairs_jsonl, tmp_path):
+    """Validated on the same kind of pairs with chosen and rejected swapped, the DPO loss on
+    them rises as training works: the run stops early and names its best checkpoint."""
+    import swiftlite
+    swapped = [{**p, "chosen": p["rejected"], "rejected": p["chosen"]}
+               for p in arithmetic_pairs(8, 7)]
+    val = write_jsonl(tmp_path / "swapped.jsonl", swapped)
+    run = swiftlite.rlhf(dataset=[pairs_jsonl], val_dataset=[val], max_steps=40, save_steps=2,
+                         early_stopping_patience=1, output_dir=str(tmp_path / "run"), **TINY)
+    metrics = json.load(open(os.path.join(run.output_dir, "metrics.json")))
+    losses = {r["step"]: r["eval_loss"] for r in read_log(run.output_dir) if "eval_loss" in r}
+    assert metrics["stopped_early_at_step"] < 40
+    best = min((s for s in losses if s <= metrics["stopped_early_at_step"]), key=losses.get)
+    assert metrics["best_model_checkpoint"].endswith(f"checkpoint-{best}")
