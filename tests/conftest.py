@@ -119,6 +119,39 @@ def start_server(*flags, env=None, wait_s=120):
     raise AssertionError("the server did not start:\n" + log.read()[-4000:])
 
 
+def post_json(url: str, body=None, *, key=None, raw: bytes | None = None, timeout=120):
+    """POST a JSON body (or raw bytes) to a server route: (status, the parsed JSON answer),
+    error answers included."""
+    import urllib.error
+    req = urllib.request.Request(url, data=raw if raw is not None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {key}"} if key else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def read_stream_in_background(open_stream):
+    """Reads the streamed chat completion open_stream() returns in a thread, noting when each
+    chunk arrived: (thread, text pieces, arrival times); waits until 4 chunks have come."""
+    import threading
+    pieces, arrivals, started = [], [], threading.Event()
+
+    def read():
+        for chunk in open_stream():
+            pieces.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+            arrivals.append(time.monotonic())
+            if len(pieces) == 4:
+                started.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(60), "the stream never sent 4 chunks"
+    return reader, pieces, arrivals
+
+
 def stop_server(proc) -> None:
     proc.terminate()
     try:

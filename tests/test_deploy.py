@@ -5,11 +5,10 @@ import os
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 
-from conftest import run_cli, start_server, stop_server
+from conftest import post_json, read_stream_in_background, run_cli, start_server, stop_server
 
 openai = pytest.importorskip("openai")
 KEY = "sk-test-secret-123"
@@ -71,19 +70,9 @@ def test_a_request_joins_the_running_batch(client, references):
     answers equal what each gives alone."""
     long_alone = client.chat.completions.create(model="b", messages=HI, max_tokens=120,
                                                 temperature=0).choices[0].message.content
-    arrivals, pieces, started = [], [], threading.Event()
-
-    def read_long():
-        for chunk in client.chat.completions.create(model="b", messages=HI, max_tokens=120,
-                                                    temperature=0, stream=True):
-            pieces.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
-            arrivals.append(time.monotonic())
-            if len(pieces) == 4:
-                started.set()
-
-    reader = threading.Thread(target=read_long)
-    reader.start()
-    assert started.wait(60)
+    reader, pieces, arrivals = read_stream_in_background(
+        lambda: client.chat.completions.create(model="b", messages=HI, max_tokens=120,
+                                               temperature=0, stream=True))
     short = client.chat.completions.create(model="b", messages=HI, max_tokens=24,
                                            temperature=0)
     short_done = time.monotonic()
@@ -123,15 +112,7 @@ def test_stream_stop_seed_and_n(client):
 
 
 def _post(server, body, key=KEY, raw=None):
-    req = urllib.request.Request(server["url"] + "/chat/completions",
-                                 data=raw if raw is not None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {key}"} if key else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(server["url"] + "/chat/completions", body, key=key, raw=raw, timeout=60)
 
 
 @pytest.mark.slow

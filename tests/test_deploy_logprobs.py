@@ -3,14 +3,13 @@ echo): a real server (the CLI, in a child process) checked against a direct tran
 forward pass, read by the official openai client, and scored through by lm-evaluation-harness'
 own local-completions model on a multiple-choice task."""
 import json
-import threading
 import time
-import urllib.request
 
 import pytest
 
 from conftest import (VLLM_ONE_PROCESS_ENV, VLLM_ONE_PROCESS_FLAGS, VLLM_PYTHON, needs_vllm,
-                      start_server, stop_server, write_jsonl)
+                      post_json, read_stream_in_background, start_server, stop_server,
+                      write_jsonl)
 
 openai = pytest.importorskip("openai")
 HI = [{"role": "user", "content": "What is 2+2?"}]
@@ -47,13 +46,7 @@ def log_softmax(model, ids):
 
 
 def post(url, path, body):
-    req = urllib.request.Request(f"{url}/{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return post_json(f"{url}/{path}", body)
 
 
 @pytest.mark.slow
@@ -138,19 +131,9 @@ def test_a_scoring_request_and_a_bad_one_beside_a_running_batch(tiny):
     long = {"model": "tiny-qwen2", "messages": HI, "max_tokens": 200, "temperature": 0}
     alone_score = post(tiny["url"], "completions", score)[1]["choices"][0]
     alone_long = post(tiny["url"], "chat/completions", long)[1]["choices"][0]["message"]
-    pieces, arrivals, started = [], [], threading.Event()
-
-    def read_long():
-        with openai.OpenAI(base_url=tiny["url"], api_key="none", max_retries=0,
-                           timeout=120) as client:
-            for chunk in client.chat.completions.create(stream=True, **long):
-                pieces.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
-                arrivals.append(time.monotonic())
-                if len(pieces) == 4:
-                    started.set()
-    reader = threading.Thread(target=read_long)
-    reader.start()
-    assert started.wait(60)
+    client = openai.OpenAI(base_url=tiny["url"], api_key="none", max_retries=0, timeout=120)
+    reader, pieces, arrivals = read_stream_in_background(
+        lambda: client.chat.completions.create(stream=True, **long))
     code, bad = post(tiny["url"], "completions", {**score, "prompt": [[1, 2, 10 ** 9]]})
     assert code == 400 and bad["error"]["param"] == "prompt[0]"
     code, r = post(tiny["url"], "completions", score)
