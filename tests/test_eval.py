@@ -40,9 +40,11 @@ def test_metrics_are_rouge_score_and_sacrebleu_with_jieba_for_chinese():
     import sacrebleu
     from rouge_score import rouge_scorer
     from swiftlite.evaluation.metrics import text_scores
+    from swiftlite.evaluation.report import summarize
     hyps = ["I am Swifty, made by Acme.", "我是小助手，由Acme开发。", "Paris"]
     refs = ["I am Swifty, an assistant by Acme.", "我是Swifty，由Acme开发的AI助手。", "Paris"]
-    total, rows = text_scores(hyps, refs)
+    rows = text_scores(hyps, refs)
+    total = summarize([{"response": h, "reference": r, **s} for h, r, s in zip(hyps, refs, rows)])
     plain = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"])
     for i in (0, 2):  # English: rouge-score's own tokenizer
         want = plain.score(refs[i], hyps[i])

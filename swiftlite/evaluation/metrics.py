@@ -44,9 +44,9 @@ def bleu_text(text: str) -> str:
     return " ".join(cjk_words(text)) if has_cjk(text) else text
 
 
-def text_scores(responses: list[str], references: list[str]) -> tuple[dict, list[dict]]:
-    """(the set's scores, one dict per row): ROUGE per row averaged, corpus BLEU-4 over the set,
-    sentence BLEU per row, exact match after stripping whitespace."""
+def text_scores(responses: list[str], references: list[str]) -> list[dict]:
+    """One dict per row: ROUGE, sentence BLEU-4, exact match after stripping whitespace (a
+    set's figures are report.summarize's)."""
     import sacrebleu
     from rouge_score import rouge_scorer
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), tokenizer=RougeTokenizer())
@@ -57,12 +57,7 @@ def text_scores(responses: list[str], references: list[str]) -> tuple[dict, list
         row["bleu4"] = sacrebleu.sentence_bleu(bleu_text(hyp), [bleu_text(ref)]).score
         row["exact_match"] = float(hyp.strip() == ref.strip())
         rows.append(row)
-    n = len(rows)
-    total = {k: sum(r[k] for r in rows) / n for k in (*ROUGE_TYPES, "exact_match")} if n else {}
-    if n:
-        total["bleu4"] = sacrebleu.corpus_bleu([bleu_text(h) for h in responses],
-                                               [[bleu_text(r) for r in references]]).score
-    return total, rows
+    return rows
 
 
 def _calls(calls: list[dict] | None) -> list[tuple[str, object]]:

@@ -71,7 +71,7 @@ def score_chat(engine, convs: list[dict], args: EvalArguments) -> list[dict]:
             row["content"] = reply["content"]  # the text beside the calls: what is scored
         rows.append(row)
     text = [r for r in rows if r["reference"].strip()]  # a reply that only calls tools has none
-    _, per_row = text_scores([r.get("content", r["response"]) for r in text],
+    per_row = text_scores([r.get("content", r["response"]) for r in text],
                              [r["reference"] for r in text])
     for r, s in zip(text, per_row):
         r.update(s)

@@ -26,6 +26,10 @@ def last_reply(input_ids: list[int], labels: list[int]) -> tuple[list[int], list
     return input_ids[:start], input_ids[start:end + 1]
 
 
+# what is logged at each evaluation, as eval_<name> (swiftlite eval's names)
+LOGGED = ("rouge1", "rouge2", "rougeL", "exact_match", "bleu4", "stopped")
+
+
 class GenerationMetrics(TrainerCallback):
     """Scores greedy answers to the validation rows at each evaluation (main process)."""
 
@@ -42,22 +46,26 @@ class GenerationMetrics(TrainerCallback):
         if not is_main_process() or not self.rows or model is None:
             return
         from swiftlite.evaluation.metrics import text_scores
-        answers, stopped = self._generate(model)
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True).strip()
-        refs = [decode(ref) for _, ref in self.rows]
-        total, _ = text_scores(answers, refs)
-        scores = {f"eval_{k}": round(v, 4) for k, v in total.items()}
-        scores["eval_stopped"] = stopped / len(self.rows)
+        from swiftlite.evaluation.report import summarize
+        answers = self._generate(model)
+        refs = [self.tokenizer.decode(ref, skip_special_tokens=True).strip()
+                for _, ref in self.rows]
+        scored = text_scores([a for a, _, _ in answers], refs)
+        rows = [{"response": a, "reference": r, "finish_reason": f, "tokens": n, **s}
+                for (a, f, n), r, s in zip(answers, refs, scored)]
+        total = summarize(rows)
+        scores = {f"eval_{k}": round(total[k], 4) for k in LOGGED}
         if metrics is not None:
             metrics.update(scores)  # seen by early stopping and by the best-checkpoint choice
         if self.trainer is not None:
             self.trainer.log(scores)
 
-    def _generate(self, model) -> tuple[list[str], int]:
+    def _generate(self, model) -> list[tuple[str, str, int]]:
+        """(the greedy answer, how it ended: "stop" or "length", its tokens) per row."""
         import torch
         pad = self.tokenizer.pad_token_id
         device = next(model.parameters()).device
-        answers, stopped = [None] * len(self.rows), 0
+        answers = [None] * len(self.rows)
         order = sorted(range(len(self.rows)), key=lambda i: -len(self.rows[i][0]))
         was_training = model.training
         model.eval()
@@ -75,8 +83,8 @@ class GenerationMetrics(TrainerCallback):
                                          eos_token_id=self.stops, pad_token_id=pad)
                 for row, i in zip(out[:, width:].tolist(), idx):
                     cut = next((k for k, t in enumerate(row) if t in self.stops), None)
-                    stopped += cut is not None
-                    answers[i] = self.tokenizer.decode(row[:cut], skip_special_tokens=True).strip()
+                    answers[i] = (self.tokenizer.decode(row[:cut], skip_special_tokens=True).strip(),
+                                  "length" if cut is None else "stop", len(row[:cut]))
         finally:
             model.train(was_training)
-        return answers, stopped
+        return answers
