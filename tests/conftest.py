@@ -1,18 +1,20 @@
-"""Shared fixtures: the real models (built once into the swiftlite cache) and a small
-trained tiny-qwen2 checkpoint reused by the merge/infer/web-ui tests."""
+"""Shared fixtures: the real models (built once into the swiftlite cache), trained checkpoints
+made once per session and reused by the merge/infer/deploy/eval/export tests, and the libraries
+kept resident for the suite's child processes. Helpers the tests import live in helpers/.
+
+Layout: unit/ tests run in this process (functions, layers, tiny models); e2e/ tests drive
+swiftlite as a user does (the CLI, a server, a browser, several processes). The tiers are marks:
+`pytest -m "not slow"` is the inner loop."""
 from __future__ import annotations
 
-import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
-from swiftlite.runtime.hardware import CPU_BF16_FLAGS, cpu_has_bf16
+from helpers.cli import CHAT_ROWS, REPO, run_cli, write_jsonl
+from helpers.marks import VLLM_PYTHON
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -25,40 +27,6 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 _BIN = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-CHAT_ROWS = [
-    {"messages": [{"role": "user", "content": "What is 2+2?"},
-                  {"role": "assistant", "content": "2+2 is 4."}]},
-    {"messages": [{"role": "system", "content": "Be brief."},
-                  {"role": "user", "content": "Capital of France?"},
-                  {"role": "assistant", "content": "Paris."},
-                  {"role": "user", "content": "And of Italy?"},
-                  {"role": "assistant", "content": "Rome."}]},
-    {"messages": [{"role": "user", "content": "Say hello in Chinese."},
-                  {"role": "assistant", "content": "你好！😀"}]},
-    {"messages": [{"role": "user", "content": "Name three colours."},
-                  {"role": "assistant", "content": "Red, green and blue."}]},
-]
-
-
-def write_jsonl(path, rows) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n")
-    return str(path)
-
-
-def run_cli(*args, env=None, cwd=None, timeout=900, check=True):
-    """Run `swiftlite ...` as a user would (a child process); returns CompletedProcess."""
-    full_env = {**os.environ, **(env or {})}
-    r = subprocess.run([sys.executable, "-m", "swiftlite.cli", *map(str, args)],
-                       capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"swiftlite {' '.join(map(str, args))} exited {r.returncode}\n"
-                             f"--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-8000:]}")
-    return r
 
 
 @pytest.fixture(scope="session")
@@ -91,102 +59,6 @@ def tiny_run(tmp_path_factory, tiny_qwen2, chat_jsonl):
 
 
 # -- servers (swiftlite deploy in a child process) -----------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*flags, env=None, wait_s=120):
-    """`swiftlite deploy ... --port P` in a child process, once /health answers:
-    (process, port, log file)."""
-    port = free_port()
-    log = open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"deploy-{port}.log"), "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "swiftlite.cli", "deploy", "--port", str(port),
-                             *map(str, flags)], stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})
-    deadline = time.time() + wait_s
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc, port, log
-        except OSError:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-    log.seek(0)
-    proc.kill()
-    raise AssertionError("the server did not start:\n" + log.read()[-4000:])
-
-
-def post_json(url: str, body=None, *, key=None, raw: bytes | None = None, timeout=120):
-    """POST a JSON body (or raw bytes) to a server route: (status, the parsed JSON answer),
-    error answers included."""
-    import urllib.error
-    req = urllib.request.Request(url, data=raw if raw is not None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json",
-                                          **({"Authorization": f"Bearer {key}"} if key else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def read_stream_in_background(open_stream):
-    """Reads the streamed chat completion open_stream() returns in a thread, noting when each
-    chunk arrived: (thread, text pieces, arrival times); waits until 4 chunks have come."""
-    import threading
-    pieces, arrivals, started = [], [], threading.Event()
-
-    def read():
-        for chunk in open_stream():
-            pieces.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
-            arrivals.append(time.monotonic())
-            if len(pieces) == 4:
-                started.set()
-
-    reader = threading.Thread(target=read)
-    reader.start()
-    assert started.wait(60), "the stream never sent 4 chunks"
-    return reader, pieces, arrivals
-
-
-def stop_server(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-
-
-# A CPU without bf16 units (AVX2 only: none of runtime.hardware.CPU_BF16_FLAGS) emulates bf16
-# matmuls at about a hundredth of its fp32 rate, and swiftlite trains in fp32 there. The long
-# bf16 training tests run where swiftlite would train in bf16 (two of the three CPU kinds seen).
-needs_bf16_units = pytest.mark.skipif(
-    not cpu_has_bf16(), reason=f"this CPU emulates bf16 matmuls (none of "
-                               f"{' '.join(CPU_BF16_FLAGS)}), at about 1/100 of its fp32 rate; "
-                               "swiftlite trains in fp32 here")
-BF16_CPU_TRAINING = pytest.param("bfloat16", marks=needs_bf16_units, id="bfloat16")
-
-
-# vLLM lives in a venv of its own (scripts/setup_vllm.sh; CI makes it).
-VLLM_PYTHON = os.environ.get("SWIFTLITE_VLLM_PYTHON") or os.path.join(REPO, ".venv-vllm", "bin",
-                                                                       "python")
-needs_vllm = pytest.mark.skipif(not os.path.exists(VLLM_PYTHON),
-                                reason="no vLLM venv: run bash scripts/setup_vllm.sh")
-# vLLM's CPU build reserves its KV cache up front (default 4 GiB); tiny models need little.
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-# Eager: vLLM's torch.compile warm-up takes about 50 s per model on 2 cores.
-VLLM_FLAGS = ("--vllm_args=--enforce-eager", "--max_model_len", "1024")
-# vLLM's engine and worker in its API server's process instead of two more (each imports torch
-# and vLLM again: 63-65 s to /health vs 48 s for tiny-qwen2 here). The tests of answers use it;
-# the test of vLLM's process tree (test_deploy_vllm's SIGKILL) keeps vLLM's default layout.
-VLLM_ONE_PROCESS_ENV = {**VLLM_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-VLLM_ONE_PROCESS_FLAGS = (VLLM_FLAGS[0] + " --distributed-executor-backend uni", *VLLM_FLAGS[1:])
-
-
 # -- libraries kept in memory for the suite's child processes (see resident_libraries.py) ---------
 RESIDENT = {
     sys.executable: ("torch", "transformers", "peft", "datasets", "accelerate", "deepspeed",
@@ -203,7 +75,7 @@ def resident_libraries(tmp_path_factory):
         venvs[VLLM_PYTHON] = ("vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
                               "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker")
     log = open(tmp_path_factory.getbasetemp() / "resident_libraries.log", "w")
-    helpers = [subprocess.Popen([python, os.path.join(REPO, "tests", "resident_libraries.py"),
+    helpers = [subprocess.Popen([python, os.path.join(REPO, "tests", "helpers", "resident_libraries.py"),
                                  *modules], stdout=subprocess.PIPE, stderr=log, text=True)
                for python, modules in venvs.items()]
     # Wait until they hold their files (about 30 s): importing next to a test would take CPU

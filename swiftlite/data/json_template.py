@@ -12,7 +12,7 @@ A template is a JSON file with the pieces of a conversation:
   default_system    used when a conversation has no system message (null: none)
   stop_words        where generation stops
   reproduces        sha256 of model chat templates this one renders identically for plain
-                    conversations (system/user/assistant text); tests/test_templates.py proves it
+                    conversations (system/user/assistant text); tests/unit/test_templates.py proves it
 
 `{eos_token}` in any piece is replaced by the tokenizer's EOS token.
 

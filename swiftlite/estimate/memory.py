@@ -4,7 +4,7 @@ option, and activations with and without gradient checkpointing.
 Parameter counts are exact: the model is built on PyTorch's "meta" device from its config
 (no weights, no memory) and its tensors are counted, which also gives the LoRA adapter size
 for the chosen target modules. Model states for full fine-tuning follow DeepSpeed's own
-estimators (tests/test_estimate.py checks them against
+estimators (tests/e2e/test_estimate.py checks them against
 estimate_zero{2,3}_model_states_mem_needs_all_cold); they are generalised here to a frozen
 base with trainable adapters. Activations count the tensors a Qwen2/Llama decoder layer keeps
 for backward (see activation_bytes_per_token). docs/estimate.md gives the measured error.

@@ -92,7 +92,7 @@ def cast_state_dict(model_dir: str, dtype) -> dict | None:
     Why: transformers memory-maps the files and casts from the mapping, so the whole file is
     resident until loading ends. An fp32 SmolLM2-135M loaded in bf16 peaked 876 MB above the
     start that way, and 364 MB (the bf16 weights and the model's buffers) read tensor by tensor
-    (tests/test_speedups.py::test_model_cast_on_load_reads_one_tensor_at_a_time)."""
+    (tests/e2e/test_allocator.py::test_model_cast_on_load_reads_one_tensor_at_a_time)."""
     import torch
     from safetensors import safe_open
 

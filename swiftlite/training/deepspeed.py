@@ -190,7 +190,7 @@ def _quiet_accumulation_mismatch() -> None:
     """The Trainer accumulates gradients itself and so gives accelerate 1 step; accelerate then
     warns on every DeepSpeed run with --gradient_accumulation_steps > 1 that it takes
     DeepSpeed's value. Both mean the same thing: ZeRO-2 and ZeRO-3 learn exactly as a plain
-    run with accumulation (tests/test_deepspeed.py), so the warning only alarms users. The
+    run with accumulation (tests/e2e/test_deepspeed.py), so the warning only alarms users. The
     filter stays for the rest of the process: it hides that one message and nothing else."""
     logger = logging.getLogger("accelerate.accelerator")
     if not any(isinstance(f, _AccumulationMismatch) for f in logger.filters):

@@ -15,7 +15,7 @@ So every request is checked here first, and refused with a message saying which 
 - pass-through TrainingArguments that upload, report elsewhere or name paths are refused;
 - Export writes only new `*-merged` folders (never replaces one).
 
-Nothing here imports gradio: it is unit-tested alone (tests/test_webui_policy.py).
+Nothing here imports gradio: it is unit-tested alone (tests/unit/test_webui_policy.py).
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ recompute instead of multiplying again: no frozen matmul is recomputed, for memo
 output per frozen matmul and token (keep_frozen_outputs below).
 
 The numbers equal peft's to float rounding (same dropout masks: the mask is drawn from the same
-generator at the same point); tests/test_fused_lora.py checks loss and gradients. Anything the
+generator at the same point); tests/unit/test_fused_lora.py checks loss and gradients. Anything the
 plain case does not cover (merged or disabled adapters, several adapters, DoRA and other
 variants, lora bias, torch's own dropout with --fast_dropout false, GPUs, DeepSpeed ZeRO-3's
 partitioned weights, eval mode) goes through peft's forward unchanged.
