@@ -10,7 +10,8 @@ import urllib.request
 import pytest
 
 from helpers.server import start_server, stop_server
-from helpers.marks import VLLM_ENV, VLLM_FLAGS, VLLM_ONE_PROCESS_ENV, VLLM_ONE_PROCESS_FLAGS, VLLM_PYTHON, needs_vllm
+from helpers.marks import (VLLM_ENV, VLLM_FLAGS, VLLM_ONE_PROCESS_ENV, VLLM_ONE_PROCESS_FLAGS, VLLM_PYTHON,
+                           needs_vllm)
 
 openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.slow, needs_vllm]
