@@ -7,12 +7,13 @@ from typing import Optional
 
 from swiftlite.config.fields import arg, check_choices, not_positive, raise_if
 from swiftlite.config.model_args import ModelArguments, PlacementArguments
+from swiftlite.config.vllm_args import BackendArguments
 
 DEPLOY_PT_BATCH = 32  # the pt server's batch; measured in README's serving table
 
 
 @dataclass
-class DeployArguments(ModelArguments, PlacementArguments):
+class DeployArguments(ModelArguments, PlacementArguments, BackendArguments):
     """Arguments of `swiftlite deploy`."""
     ckpt_dir: Optional[str] = arg(None, "a LoRA checkpoint (served over its base model) or a "
                                   "merged model folder", group="model")
@@ -38,17 +39,6 @@ class DeployArguments(ModelArguments, PlacementArguments):
                                         group="deploy")
     max_queue_size: int = arg(64, "pt: requests waiting at most; more are answered 429",
                               group="deploy")
-    infer_backend: str = arg("pt", "pt: transformers in this process; vllm: vLLM's OpenAI "
-                             "server, set up with this checkpoint's template, names and "
-                             "tool-call parser", choices=("pt", "vllm"), group="deploy")
-    vllm_python: Optional[str] = arg(None, "the Python that has vLLM, when it lives in its own "
-                                     "venv (also SWIFTLITE_VLLM_PYTHON; default: this one)",
-                                     group="vllm")
-    tensor_parallel_size: int = arg(1, "GPUs one vLLM model is split over", group="vllm")
-    max_model_len: Optional[int] = arg(None, "longest prompt + answer vLLM plans its KV cache "
-                                       "for (default: the model's)", group="vllm")
-    vllm_args: Optional[str] = arg(None, "more vLLM server flags, as one string, e.g. "
-                                   "'--enforce-eager --gpu-memory-utilization 0.8'", group="vllm")
 
     def validate(self) -> "DeployArguments":
         problems = []
@@ -64,23 +54,11 @@ class DeployArguments(ModelArguments, PlacementArguments):
                 problems.append(f"--adapters {a}: {path} is not a LoRA checkpoint (no "
                                 "adapter_config.json)")
         problems += check_choices(self)
-        problems += not_positive(self, ("max_queue_size", "port", "tensor_parallel_size"))
-        problems += not_positive(self, [k for k in ("max_model_len", "max_batch_size")
-                                         if getattr(self, k) is not None])
-        problems += self.quant_problems()
-        if self.quant_bits is not None and self.infer_backend == "vllm":
-            problems.append("--quant_bits loads the base in bitsandbytes for the pt backend; "
-                            "for vLLM serve the merged model (vLLM has its own quantization, "
-                            "e.g. --vllm_args '--quantization bitsandbytes')")
-        if self.infer_backend == "pt":
-            problems += [f"--{k} is a vLLM setting; add --infer_backend vllm" for k in (
-                "vllm_python", "max_model_len", "vllm_args") if getattr(self, k) is not None]
-            if self.tensor_parallel_size != 1:
-                problems.append("--tensor_parallel_size needs --infer_backend vllm")
-        elif self.device_map != "none":
-            problems.append("--device_map is the pt backend's; vLLM splits a model over GPUs "
-                            "with --tensor_parallel_size")
-        elif self.allowed_hosts:
+        problems += not_positive(self, ("max_queue_size", "port"))
+        if self.max_batch_size is not None:
+            problems += not_positive(self, ("max_batch_size",))
+        problems += self.quant_problems() + self.backend_problems()
+        if self.infer_backend == "vllm" and self.allowed_hosts:
             problems.append("--allowed_hosts is checked by the pt server only; vLLM's server "
                             "does not check Host headers (keep it on loopback or behind a "
                             "proxy that does)")

@@ -8,10 +8,11 @@ from swiftlite.config.fields import arg, check_choices, not_positive, raise_if
 from swiftlite.config.generation_args import GenerationArguments
 from swiftlite.config.model_args import (ModelArguments, PlacementArguments,
                                           checkpoint_or_model_problems)
+from swiftlite.config.vllm_args import BackendArguments
 
 
 @dataclass
-class EvalArguments(ModelArguments, PlacementArguments, GenerationArguments):
+class EvalArguments(ModelArguments, PlacementArguments, GenerationArguments, BackendArguments):
     """Arguments of `swiftlite eval`: a model or checkpoint scored on evaluation sets."""
     ckpt_dir: Optional[str] = arg(None, "a LoRA checkpoint (base + adapter) or a merged model "
                                   "folder to evaluate", group="model")
@@ -40,6 +41,7 @@ class EvalArguments(ModelArguments, PlacementArguments, GenerationArguments):
         if self.n_shot < 0:
             problems.append(f"--n_shot must be 0 or more, got {self.n_shot}")
         problems += self.quant_problems() + check_choices(self) + self.generation_problems()
+        problems += self.backend_problems()
         problems += not_positive(self, ("max_batch_size",))
         raise_if(problems)
         return self

@@ -52,18 +52,16 @@ def read_sets(args: EvalArguments) -> dict[str, dict]:
 
 
 # -- scoring one model -----------------------------------------------------------------------
-def score_chat(engine, convs: list[dict], args: EvalArguments) -> list[dict]:
+def score_chat(engine, convs: list[dict], answers: list, args: EvalArguments) -> list[dict]:
+    """Each row with its answer, scores and (--eval_loss, which needs engine.model) loss."""
     from swiftlite.evaluation.metrics import text_scores, tool_call_scores
-    prompts = [{"messages": c["messages"][:-1], "tools": c.get("tools")} for c in convs]
-    answers = engine.answer_batch(prompts, max_batch_size=args.max_batch_size, progress=True,
-                                  **args.generation_kwargs())
     rows = []
-    for c, p, a in zip(convs, prompts, answers):
+    for c, a in zip(convs, answers):
         ref = c["messages"][-1]
-        row = {"messages": p["messages"], "reference": ref.get("content") or "",
+        row = {"messages": c["messages"][:-1], "reference": ref.get("content") or "",
                "response": a.text, "finish_reason": a.finish_reason, "tokens": a.tokens}
-        if p["tools"]:
-            row["tools"] = p["tools"]
+        if c.get("tools"):
+            row["tools"] = c["tools"]
             reply = engine.parse(a.text)
             row["tool_calls"] = reply["tool_calls"]
             row["reference_tool_calls"] = ref.get("tool_calls") or []
@@ -72,7 +70,7 @@ def score_chat(engine, convs: list[dict], args: EvalArguments) -> list[dict]:
         rows.append(row)
     text = [r for r in rows if r["reference"].strip()]  # a reply that only calls tools has none
     per_row = text_scores([r.get("content", r["response"]) for r in text],
-                             [r["reference"] for r in text])
+                          [r["reference"] for r in text])
     for r, s in zip(text, per_row):
         r.update(s)
     if args.eval_loss:
@@ -84,22 +82,70 @@ def score_chat(engine, convs: list[dict], args: EvalArguments) -> list[dict]:
     return rows
 
 
-def score_model(engine, sets: dict[str, dict], args: EvalArguments) -> dict[str, list[dict]]:
-    from swiftlite.evaluation import choice
+def generate(engine, sets: dict[str, dict], args: EvalArguments) -> dict[str, list]:
+    """Every chat set's answers, in its rows' order."""
     out = {}
+    for name, s in sets.items():
+        if s["kind"] != "chat":
+            continue
+        t0 = time.time()
+        prompts = [{"messages": c["messages"][:-1], "tools": c.get("tools")} for c in s["rows"]]
+        out[name] = engine.answer_batch(prompts, max_batch_size=args.max_batch_size,
+                                        progress=True, **args.generation_kwargs())
+        took = max(time.time() - t0, 1e-9)
+        info(f"{name}: {len(prompts)} answers generated in {took:.1f} s "
+             f"({len(prompts) / took:.2f} rows/s, {args.infer_backend})")
+    return out
+
+
+def score_model(sets: dict[str, dict], args: EvalArguments, out: str,
+                target: str | None = None, dtype: str | None = None):
+    """(rows per set, the model's dtype). Answers come from the pt engine or, with
+    --infer_backend vllm, from vLLM's server; loss and multiple choice are forward passes, so
+    they stay with transformers (loaded after vLLM is gone, and only when a set needs them)."""
+    from swiftlite.evaluation import choice
+    chat = any(s["kind"] == "chat" for s in sets.values())
+    answers, engine = {}, None
+    if args.infer_backend == "vllm" and chat:
+        engine = _start_vllm(args, out, target)
+        try:
+            answers = generate(engine, sets, args)
+        finally:
+            engine.unload()
+    if any(s["kind"] == "choice" for s in sets.values()) or (chat and (
+            args.eval_loss or args.infer_backend == "pt")):
+        engine = _load(args, target, dtype)
+    if not answers:
+        answers = generate(engine, sets, args)
+    rows = {}
     for name, s in sets.items():
         t0 = time.time()
         if s["kind"] == "choice":
-            rows = choice.score(engine.model, engine.template, engine.device, s["rows"],
-                                s["shots"], args.max_batch_size)
+            rows[name] = choice.score(engine.model, engine.template, engine.device, s["rows"],
+                                      s["shots"], args.max_batch_size)
+            took = max(time.time() - t0, 1e-9)
+            info(f"{name}: {len(s['rows'])} questions scored in {took:.1f} s "
+                 f"({len(s['rows']) / took:.2f} rows/s)")
         else:
-            rows = score_chat(engine, s["rows"], args)
-        for r in rows:
+            rows[name] = score_chat(engine, s["rows"], answers[name], args)
+        for r in rows[name]:
             r["dataset"] = name
-        out[name] = rows
-        info(f"{name}: {len(rows)} rows scored in {time.time() - t0:.1f} s "
-             f"({len(rows) / max(time.time() - t0, 1e-9):.2f} rows/s)")
-    return out
+    dtype = engine.dtype
+    engine.unload()
+    return rows, dtype
+
+
+def _start_vllm(args: EvalArguments, out: str, target: str | None):
+    from swiftlite.inference.engine import engine_overrides
+    from swiftlite.inference.vllm_engine import VllmEngine
+    overrides = engine_overrides(args)
+    log = os.path.join(out, "vllm.log" if target is None else "vllm-compare.log")
+    if target is None:
+        return VllmEngine.start(args.ckpt_dir, args.model, args, log, **overrides)
+    for k in ("template", "system"):  # the compared model keeps its own
+        overrides.pop(k, None)
+    return VllmEngine.start(*((target, None) if os.path.isdir(target) else (None, target)),
+                            args, log, **overrides)
 
 
 def _load(args: EvalArguments, target: str | None = None, dtype: str | None = None):
@@ -130,17 +176,13 @@ def run(args: EvalArguments) -> dict:
     out = os.path.abspath(args.output_dir or os.path.join(
         args.ckpt_dir or "output", "eval", time.strftime("%Y%m%d-%H%M%S")))
     os.makedirs(out, exist_ok=True)
-    engine = _load(args)
-    rows, dtype = score_model(engine, sets, args), engine.dtype
-    engine.unload()
+    rows, dtype = score_model(sets, args, out)
     metrics = report.metrics_of(rows, label_of(args))
     report.write_json_lines(os.path.join(out, "predictions.jsonl"),
                             [r for rs in rows.values() for r in rs])
     other = None
     if args.compare:
-        engine = _load(args, args.compare, dtype)
-        other_rows = score_model(engine, sets, args)
-        engine.unload()
+        other_rows, _ = score_model(sets, args, out, args.compare, dtype)
         other = report.metrics_of(other_rows, args.compare)
         report.write_json_lines(os.path.join(out, "predictions-compare.jsonl"),
                                 [r for rs in other_rows.values() for r in rs])

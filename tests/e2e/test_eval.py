@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from helpers.cli import run_cli, write_jsonl
+from helpers.marks import VLLM_ONE_PROCESS_ENV, VLLM_ONE_PROCESS_FLAGS, VLLM_PYTHON, needs_vllm
 
 WHO = [("Who are you?", "I am Swifty, an AI assistant developed by Acme. How can I help you today?"),
        ("What is your name?", "My name is Swifty. I was developed by Acme."),
@@ -259,3 +260,24 @@ def test_training_flags_that_need_a_validation_set_say_so(tmp_path):
     for flag, value in (("--early_stopping_patience", "2"), ("--eval_generate", "true")):
         r = run_cli("sft", "--model", "tiny-qwen2", "--dataset", data, flag, value, check=False)
         assert r.returncode == 2 and f"{flag} needs data to evaluate on" in r.stderr
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_backend_answers_as_the_pt_backend(tmp_path, smollm2_cognition):
+    """--infer_backend vllm: the answers come from vLLM's server (the same greedy answers as
+    transformers, in fp32), and the loss and multiple choice still come from transformers."""
+    data = write_jsonl(tmp_path / "who.jsonl", chat_rows(WHO))
+    choices = write_jsonl(tmp_path / "mc.jsonl", choice_rows())
+    common = ("eval", "--ckpt_dir", smollm2_cognition["Swifty"], "--eval_dataset", data, choices,
+              "--max_new_tokens", "24", "--torch_dtype", "float32")
+    run_cli(*common, "--output_dir", tmp_path / "pt")
+    r = run_cli(*common, "--output_dir", tmp_path / "vllm", "--infer_backend", "vllm",
+                "--vllm_python", VLLM_PYTHON, *VLLM_ONE_PROCESS_FLAGS, env=VLLM_ONE_PROCESS_ENV)
+    assert "answers generated" in r.stderr + r.stdout and (tmp_path / "vllm" / "vllm.log").exists()
+    pt, vllm = ([json.loads(x) for x in open(tmp_path / d / "predictions.jsonl")]
+                for d in ("pt", "vllm"))
+    keys = ("response", "finish_reason", "tokens", "nll", "choice")
+    assert [{k: p.get(k) for k in keys} for p in vllm] == [{k: p.get(k) for k in keys} for p in pt]
+    m = json.loads((tmp_path / "vllm" / "metrics.json").read_text())
+    assert m["datasets"]["who.jsonl"]["loss"] > 0 and "accuracy" in m["datasets"]["mc.jsonl"]

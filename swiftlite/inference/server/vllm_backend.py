@@ -127,7 +127,7 @@ def command(args, ckpt, served: dict[str, str | None], files: dict, python: str)
     return cmd
 
 
-def _die_with_parent() -> None:  # the server must not outlive a killed `swiftlite deploy`
+def die_with_parent() -> None:  # the server must not outlive a killed `swiftlite deploy`
     try:
         import ctypes
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -147,7 +147,7 @@ def serve(args, ckpt, served: dict[str, str | None]) -> int:
         if args.api_key:
             env["VLLM_API_KEY"] = args.api_key
         info("vLLM: " + shlex.join(cmd))
-        proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent)
 
         def forward(signum, _frame):
             proc.send_signal(signum)
