@@ -19,6 +19,26 @@ def barrier() -> None:
         dist.barrier()
 
 
+def all_ranks_min(tensor):
+    """The element-wise minimum of `tensor` over every rank (itself in a single process)."""
+    dist = _process_group()
+    if dist is None or dist.get_world_size() == 1:
+        return tensor
+    out = tensor.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MIN)
+    return out
+
+
+def from_main(value):
+    """The main process's `value` on every rank (a picklable object; waits for every rank)."""
+    dist = _process_group()
+    if dist is None or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 # Set by a run for itself: a process group of one for DeepSpeed, accelerate's DeepSpeed
 # switch, DeepSpeed's accelerator on a CPU (deepspeed.py), the TensorBoard folder (trainer.py).
 RUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

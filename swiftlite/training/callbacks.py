@@ -49,15 +49,58 @@ class JsonlLogger(TrainerCallback):
 
 
 class NonFiniteLossGuard(TrainerCallback):
-    """Stops on a NaN/inf loss, or gradient norm, instead of training on garbage. build_trainer
-    turns off the Trainer's logging_nan_inf_filter, which would otherwise log a NaN loss as
-    the mean of earlier ones (0.0 at first); the gradient norm is checked as well because it
-    turns NaN at the same step. Under fp16 an inf gradient norm with a finite loss is the loss
-    scaler at work (it skips that step and lowers the scale): counted and reported at the
-    end, not stopped. The advice fits the hardware (bf16 only where it has bf16 units)."""
+    """Stops on a NaN/inf loss, or gradient norm, instead of training on garbage, and before
+    a checkpoint of non-finite weights is saved. Every micro-batch's loss is recorded on its
+    device by the trainer (see()): no synchronisation. It is read back after every optimizer
+    step of a single process (the Trainer has already synchronised the device by then, counting
+    tokens), unless the step logs (on_log sees its loss, once it is in logging.jsonl); by every
+    rank together (an all-reduce, so that all ranks stop at the same step) before each save, and
+    through the logged loss (a mean over ranks). A save is preceded by a check of the trainable
+    weights themselves as well: an update can make them non-finite after a finite loss.
+    build_trainer turns off the Trainer's logging_nan_inf_filter, which would otherwise log a
+    NaN loss as the mean of earlier ones (0.0 at first); the gradient norm is checked as well
+    because it turns NaN at the same step. Under fp16 an inf gradient norm with a finite loss
+    is the loss scaler at work (it skips that step and lowers the scale): counted and reported
+    at the end, not stopped. The advice fits the hardware (bf16 only where it has bf16 units)."""
+
+    NONE = 2**62  # no non-finite loss seen
 
     def __init__(self, hw=None):
         self.hw, self.skipped = hw, 0
+        self._first = self._value = None  # device tensors: the first bad step and its loss
+
+    def see(self, loss, step: int) -> None:
+        """A micro-batch's loss (of optimizer step `step`): device operations only."""
+        import torch
+        loss = loss.detach().float()
+        if self._first is None:
+            self._first = torch.full((), self.NONE, dtype=torch.int64, device=loss.device)
+            self._value = torch.zeros((), device=loss.device)
+        new = ~torch.isfinite(loss).all() & (self._first == self.NONE)
+        self._first = torch.where(new, step, self._first)
+        self._value = torch.where(new, loss.reshape(-1)[0], self._value)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        from swiftlite.runtime.distributed import world_size
+        if world_size() == 1 and not control.should_log:  # a logged step: on_log sees it
+            self._check_loss(args, state)
+
+    def before_save(self, args, state, model) -> None:
+        """Called by every rank just before a checkpoint is written (the trainer's
+        _save_checkpoint): no checkpoint of a run whose loss or weights are not finite."""
+        self._check_loss(args, state)
+        if not _finite_weights(model):
+            self._stop(args, state, f"the weights became non-finite at step "
+                       f"{state.global_step} (before checkpoint-{state.global_step} was saved)")
+
+    def _check_loss(self, args, state) -> None:
+        from swiftlite.runtime.distributed import all_ranks_min, world_size
+        if self._first is None:
+            return
+        first = int(all_ranks_min(self._first).item())
+        if first != self.NONE:
+            value = float(self._value.item()) if world_size() == 1 else "non-finite"
+            self._stop(args, state, f"the loss became {value} at step {first}")
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         logs = logs or {}
@@ -69,9 +112,11 @@ class NonFiniteLossGuard(TrainerCallback):
         for key, value in (("loss", loss), ("grad_norm", norm)):
             if value is not None and not math.isfinite(value):
                 what = "loss" if key == "loss" else "gradient norm"
-                raise RunError(f"the {what} became {value} at step {state.global_step}; "
-                               f"stopped instead of training on garbage. Try: "
-                               f"{self._hint(args)}.")
+                self._stop(args, state, f"the {what} became {value} at step {state.global_step}")
+
+    def _stop(self, args, state, what: str):
+        raise RunError(f"{what}; stopped instead of training on garbage ({_last_words(args)}). "
+                       f"Try: {self._hint(args)}.")
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.skipped:
@@ -89,6 +134,27 @@ class NonFiniteLossGuard(TrainerCallback):
         return f"fp16 overflows easily: use {wider}, or lower --learning_rate"
 
 
+def _last_words(args) -> str:
+    from swiftlite.runtime.output import last_checkpoint
+    last = last_checkpoint(getattr(args, "output_dir", None) or "")
+    return f"the last complete checkpoint is {last}" if last else "no complete checkpoint"
+
+
+def _finite_weights(model) -> bool:
+    """Whether every trainable weight is finite, on every rank (ZeRO-3: each rank's part):
+    one flag per tensor on its device, one read back."""
+    import torch
+
+    from swiftlite.runtime.distributed import all_ranks_min
+    flags = [torch.isfinite(getattr(p, "ds_tensor", p).detach()).all()
+             for p in model.parameters() if p.requires_grad]
+    if not flags:
+        return True
+    device = flags[0].device
+    ok = torch.stack([f.to(device) for f in flags]).all().to(torch.int64)
+    return bool(all_ranks_min(ok).item())
+
+
 class CheckpointArgs(TrainerCallback):
     """Copies args.json into each checkpoint, so `infer`/`merge-lora` need only its path, then
     marks the checkpoint complete once every rank has written its part and all of it is on
@@ -99,14 +165,38 @@ class CheckpointArgs(TrainerCallback):
         self.run_dir = run_dir
 
     def on_save(self, args, state, control, **kwargs):
-        from swiftlite.runtime.distributed import barrier
+        from swiftlite.runtime.distributed import barrier, from_main
         from swiftlite.runtime.output import mark_complete
         barrier()  # ZeRO: every rank's shards are written
+        problem = None
         if is_main_process():
             ckpt = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             src = os.path.join(self.run_dir, "args.json")
             if os.path.isdir(ckpt):
                 if os.path.exists(src):
                     shutil.copy(src, os.path.join(ckpt, "args.json"))
-                mark_complete(ckpt, state.global_step)
-        barrier()
+                problem = non_finite_adapter(ckpt)
+                if problem is None:
+                    mark_complete(ckpt, state.global_step)
+        problem = from_main(problem)  # also the second barrier: the checkpoint is marked
+        if problem:
+            raise RunError(f"{problem}: it is not marked complete and is never resumed; "
+                           f"stopped ({_last_words(args)}). Try: lower --learning_rate.")
+
+
+ADAPTER_FILE = "adapter_model.safetensors"
+
+
+def non_finite_adapter(ckpt: str) -> str | None:
+    """What is wrong with a saved adapter's values (None: all finite, or no adapter). Full
+    weights are checked in memory before they are saved (NonFiniteLossGuard)."""
+    path = os.path.join(ckpt, ADAPTER_FILE)
+    if not os.path.exists(path):
+        return None
+    import torch
+    from safetensors import safe_open
+    bad = 0
+    with safe_open(path, framework="pt") as f:
+        for name in f.keys():
+            bad += int((~torch.isfinite(f.get_tensor(name))).sum())
+    return f"{path} holds {bad:,} non-finite values" if bad else None

@@ -35,6 +35,21 @@ def trainer_class(chunked_loss: bool):
     from transformers import Trainer
 
     class NoSecretsTrainer(Trainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            loss = super().training_step(model, inputs, num_items_in_batch)
+            for guard in self._guards():  # every loss seen, not only logged ones
+                guard.see(loss, self.state.global_step + 1)
+            return loss
+
+        def _save_checkpoint(self, model, trial):
+            for guard in self._guards():
+                guard.before_save(self.args, self.state, self.model)
+            return super()._save_checkpoint(model, trial)
+
+        def _guards(self):
+            return [cb for cb in self.callback_handler.callbacks
+                    if isinstance(cb, NonFiniteLossGuard)]
+
         def _save(self, output_dir=None, state_dict=None):
             # training_args.bin is the pickled TrainingArguments: write it without the secrets
             # (hub_token, ...), which stay set for pushing to the hub.
