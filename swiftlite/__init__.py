@@ -12,26 +12,24 @@ Heavy libraries are imported only when a function is called.
 """
 __version__ = "0.1.0"
 
-_LAZY = {
-    "sft": ("swiftlite.pipelines.sft", "sft"),
-    "SftArguments": ("swiftlite.config.arguments", "SftArguments"),
-    "rlhf": ("swiftlite.pipelines.rlhf", "rlhf"),
-    "RlhfArguments": ("swiftlite.config.rlhf_args", "RlhfArguments"),
-    "eval": ("swiftlite.pipelines.eval", "eval"),
-    "EvalArguments": ("swiftlite.config.eval_args", "EvalArguments"),
-    "get_template": ("swiftlite.data.template", "get_template"),
-    "merge_lora": ("swiftlite.pipelines.merge", "merge_lora"),
-    "infer": ("swiftlite.pipelines.infer", "infer"),
-    "deploy": ("swiftlite.pipelines.deploy", "deploy"),
-    "SwiftliteError": ("swiftlite.errors", "SwiftliteError"),
-    "UsageError": ("swiftlite.errors", "UsageError"),
+# module -> the names it gives the package, imported on first use
+_MODULES = {
+    "swiftlite.pipelines.sft": ("sft",),
+    "swiftlite.pipelines.rlhf": ("rlhf",),
+    "swiftlite.pipelines.eval": ("eval",),
+    "swiftlite.pipelines.merge": ("merge_lora",),
+    "swiftlite.pipelines.infer": ("infer",),
+    "swiftlite.pipelines.deploy": ("deploy",),
+    "swiftlite.config.arguments": ("SftArguments", "RlhfArguments", "EvalArguments"),
+    "swiftlite.data.template": ("get_template",),
+    "swiftlite.errors": ("SwiftliteError", "UsageError"),
 }
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = list(_LAZY)
 
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(module), attr)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'swiftlite' has no attribute {name!r}")

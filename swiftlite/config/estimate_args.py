@@ -4,7 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from swiftlite.config.fields import arg, check_choices, not_positive, raise_if
+from swiftlite.config.fields import arg, check_choices, not_positive, raise_if, same_as
+from swiftlite.config.model_args import ModelArguments
+from swiftlite.config.train_args import TrainArguments
+from swiftlite.config.tuner_args import LoraArguments
 
 
 @dataclass
@@ -21,31 +24,21 @@ class EstimateArguments:
     cpu_memory: Optional[str] = arg(None, "CPU memory per node, e.g. 256GB; offload options "
                                     "needing more are not recommended (default: not checked)",
                                     group="hardware")
-    train_type: str = arg("lora", "lora or full", choices=("lora", "full"), group="tuner")
-    lora_rank: int = arg(8, "LoRA rank r", group="tuner")
-    lora_dropout: float = arg(0.05, "dropout on the LoRA input", group="tuner")
-    target_modules: list[str] = arg(help="modules to adapt: all-linear, or names such as q_proj "
-                                    "v_proj", factory=lambda: ["all-linear"], group="tuner")
+    train_type: str = same_as(LoraArguments, "train_type")
+    lora_rank: int = same_as(LoraArguments, "lora_rank")
+    lora_dropout: float = same_as(LoraArguments, "lora_dropout")
+    target_modules: list[str] = same_as(LoraArguments, "target_modules")
     max_length: int = arg(2048, "tokens per sample (the worst case: every sample this long)",
                           group="train")
     batch_size: int = arg(1, "per-device batch size (sft's --per_device_train_batch_size)",
                           group="train")
-    chunked_loss: bool = arg(True, "as sft's --chunked_loss: LM head and loss in chunks (not "
-                             "possible under ZeRO-3, which uses the model's own loss)",
-                             group="train")
-    selective_checkpointing: bool = arg(False, "as sft's --selective_checkpointing (LoRA): the "
-                                        "output of every frozen matmul kept with each "
-                                        "checkpointed layer input", group="train")
-    quant_bits: Optional[int] = arg(None, "as sft's --quant_bits (QLoRA): the frozen linear "
-                                    "layers in 4 or 8 bits, with their quantization scales",
-                                    group="tuner")
-    bnb_4bit_use_double_quant: bool = arg(True, "as sft's: 4-bit scales quantized too",
-                                          group="tuner")
-    rlhf_type: Optional[str] = arg(None, "as rlhf's --rlhf_type: dpo, orpo, simpo and cpo "
-                                   "train two sequences (chosen and rejected) per pair, so a "
-                                   "batch holds twice the tokens; kto one (the reference and its "
-                                   "KL passes run without gradients: they keep no activations)",
-                                   group="train")
+    chunked_loss: bool = same_as(TrainArguments, "chunked_loss")
+    selective_checkpointing: bool = same_as(TrainArguments, "selective_checkpointing")
+    quant_bits: Optional[int] = same_as(ModelArguments, "quant_bits", group="tuner")
+    bnb_4bit_use_double_quant: bool = same_as(ModelArguments, "bnb_4bit_use_double_quant",
+                                              group="tuner")
+    rlhf_type: Optional[str] = arg(None, "rlhf's method (default: sft): dpo, orpo, simpo and "
+                                   "cpo train two sequences per pair; kto one", group="train")
     json: bool = arg(False, "print JSON instead of the table", group="train")
 
     def validate(self) -> "EstimateArguments":

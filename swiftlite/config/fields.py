@@ -16,6 +16,19 @@ def arg(default=None, help: str = "", *, choices=None, group: str = "", factory=
     return field(default=default, metadata=meta)
 
 
+def same_as(owner, name: str, **changes):
+    """The field `name` of the dataclass `owner` (its default, help text, choices and group;
+    `changes` replaces some of those), for a command that takes the same flag: one help text
+    per flag."""
+    f = next(f for f in dataclasses.fields(owner) if f.name == name)
+    meta = {**f.metadata, **{k: v for k, v in changes.items() if k != "default"}}
+    if "default" in changes:
+        return field(default=changes["default"], metadata=meta)
+    if f.default_factory is not dataclasses.MISSING:
+        return field(default_factory=f.default_factory, metadata=meta)
+    return field(default=f.default, metadata=meta)
+
+
 def not_positive(obj, names) -> list[str]:
     return [f"--{n} must be a positive number, got {getattr(obj, n)}" for n in names
             if getattr(obj, n) <= 0]

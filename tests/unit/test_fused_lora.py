@@ -82,18 +82,20 @@ def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls
     assert selective == fwd  # input gradients only
 
 
+def _peft_and_fused(model_dir, **lora):
+    """{fused_lora: (loss, LoRA gradients, forward matmuls, backward matmuls)} on one batch."""
+    batch = _batch(model_dir)[2]
+    return {fused: _loss_grads_matmuls(_lora_model(model_dir, fused_lora=fused, **lora), batch)
+            for fused in (False, True)}
+
+
 @pytest.mark.parametrize("dtype", ["float32", BF16_CPU_TRAINING])
 def test_fused_lora_equals_peft_and_skips_the_last_recomputed_matmul(tiny_qwen2, dtype):
     """--fused_lora: the same loss and LoRA gradients as peft's modules (dropout 0.3 with the
     same masks, checkpointing on), and checkpointing's recompute stops before each layer's last
     frozen matmul (down_proj), which peft's order (base matmul first) makes it redo."""
-    tok, samples, batch = _batch(tiny_qwen2)
-    results = {}
-    for fused in (False, True):
-        # the adapters' matmuls in fp32, as peft's: bf16 ones have a test of their own
-        model = _lora_model(tiny_qwen2, dtype=dtype, lora_dropout=0.3, fused_lora=fused,
-                            bf16_lora_matmuls=False)
-        results[fused] = _loss_grads_matmuls(model, batch)
+    # the adapters' matmuls in fp32, as peft's: bf16 ones have a test of their own
+    results = _peft_and_fused(tiny_qwen2, dtype=dtype, lora_dropout=0.3, bf16_lora_matmuls=False)
     (loss, grads, fwd, bwd), (loss_f, grads_f, fwd_f, bwd_f) = results[False], results[True]
     # fp32: rounding only. bf16: a rounding-level change of an fp32 activation can move the
     # bf16 value it is cast to for the next matmul by one unit (0.4%), here and there.
@@ -108,15 +110,10 @@ def test_fused_lora_equals_peft_and_skips_the_last_recomputed_matmul(tiny_qwen2,
 def test_fused_lora_gradients_without_checkpointing_or_dropout(tiny_qwen2):
     """The fused branch's own backward (not only through checkpointing's replay), without
     dropout and with it, equals autograd through peft's modules."""
-    tok, samples, batch = _batch(tiny_qwen2)
     for dropout in (0.0, 0.3):
-        results = []
-        for fused in (False, True):
-            model = _lora_model(tiny_qwen2, gradient_checkpointing=False, lora_dropout=dropout,
-                                fused_lora=fused)
-            results.append(_loss_grads_matmuls(model, batch))
-        assert results[1][0] == pytest.approx(results[0][0], rel=1e-6)
-        _assert_close_grads(results[0][1], results[1][1])
+        results = _peft_and_fused(tiny_qwen2, gradient_checkpointing=False, lora_dropout=dropout)
+        assert results[True][0] == pytest.approx(results[False][0], rel=1e-6)
+        _assert_close_grads(results[False][1], results[True][1])
 
 
 AMX = "amx_bf16" in cpu_flags()
