@@ -11,6 +11,7 @@ stopped, and is never resumed or returned as a run's last checkpoint.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -100,15 +101,19 @@ def last_checkpoint(run_dir: str) -> str | None:
     return done[-1] if done else None
 
 
-def fsync_tree(folder: str) -> list[str]:
-    """fsync every file under folder, then the folders themselves; the files, relative."""
+def fsync_tree(folder: str, digests: dict | None = None) -> list[str]:
+    """fsync every file under folder, then the folders themselves; the files, relative.
+    `digests`, if given, gets each file's size and hash (file_digest), read as it is synced."""
     names = []
     for base, dirs, files in os.walk(folder):
         for name in files:
             path = os.path.join(base, name)
+            rel = os.path.relpath(path, folder)
             with open(path, "rb") as f:
+                if digests is not None:
+                    digests[rel] = file_digest(f)
                 os.fsync(f.fileno())
-            names.append(os.path.relpath(path, folder))
+            names.append(rel)
     for base, dirs, _ in os.walk(folder, topdown=False):
         fd = os.open(base, os.O_RDONLY)
         try:
@@ -118,12 +123,35 @@ def fsync_tree(folder: str) -> list[str]:
     return sorted(names)
 
 
+WHOLE_HASH_LIMIT = 256 * 2**20  # files up to this size are hashed whole
+EDGE = 2**20  # of a larger one (full-model shards, a full fine-tune's optimizer): 1 MiB each end
+
+
+def file_digest(f) -> dict:
+    """{"size", and "blake2b" (the whole file) or "blake2b_ends" (its first and last MiB)}: a
+    file cut short, lengthened or rewritten is caught; a larger file's middle is not hashed,
+    so that marking and resuming a 100 GB checkpoint costs milliseconds, not minutes."""
+    size = os.fstat(f.fileno()).st_size
+    h = hashlib.blake2b(digest_size=16)
+    f.seek(0)
+    if size <= WHOLE_HASH_LIMIT:
+        while chunk := f.read(2**22):
+            h.update(chunk)
+        return {"size": size, "blake2b": h.hexdigest()}
+    h.update(f.read(EDGE))
+    f.seek(size - EDGE)
+    h.update(f.read(EDGE))
+    return {"size": size, "blake2b_ends": h.hexdigest()}
+
+
 def mark_complete(ckpt: str, step: int) -> None:
-    """Write COMPLETE_MARKER once every file of the checkpoint is on disk."""
-    files = fsync_tree(ckpt)
+    """Write COMPLETE_MARKER once every file of the checkpoint is on disk, with each file's
+    size and hash (damaged_files checks them before a resume loads anything)."""
+    digests: dict = {}
+    files = fsync_tree(ckpt, digests)
     tmp = os.path.join(ckpt, f".{COMPLETE_MARKER}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"step": step, "files": files, "time": time.time()}, f)
+        json.dump({"step": step, "files": files, "time": time.time(), "digests": digests}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(ckpt, COMPLETE_MARKER))
@@ -132,3 +160,65 @@ def mark_complete(ckpt: str, step: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def damaged_files(ckpt: str) -> list[str]:
+    """What is wrong with a complete checkpoint's files, one sentence each (empty: whole).
+    Against the sizes and hashes its marker recorded; a marker written before they were (no
+    "digests") is trusted for the list of files, and each file is checked for being cut short
+    as far as its format tells (safetensors' header, the zip directory of torch's files)."""
+    try:
+        with open(os.path.join(ckpt, COMPLETE_MARKER), encoding="utf-8") as f:
+            marker = json.load(f)
+        if not isinstance(marker, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:
+        return [f"{COMPLETE_MARKER} is unreadable ({e})"]
+    digests = marker.get("digests")
+    problems = []
+    for rel in digests or marker.get("files") or []:
+        path = os.path.join(ckpt, rel)
+        if not os.path.isfile(path):
+            problems.append(f"{rel} is missing")
+            continue
+        if not digests:
+            problems += [f"{rel} {p}" for p in [cut_short(path)] if p]
+            continue
+        want = digests[rel]
+        with open(path, "rb") as f:
+            got = file_digest(f)
+        if got["size"] != want.get("size"):
+            problems.append(f"{rel} has {got['size']:,} bytes, {want.get('size'):,} when it "
+                            "was saved")
+        elif got != want:
+            problems.append(f"{rel} has changed since it was saved (its hash differs)")
+    return problems
+
+
+def cut_short(path: str) -> str | None:
+    """Why a safetensors or torch (zip) file is visibly incomplete, or None."""
+    size = os.path.getsize(path)
+    try:
+        if path.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n)) if 0 < n <= size - 8 else None
+            if not isinstance(header, dict):
+                return "is cut short (no complete safetensors header)"
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+                      default=0)
+            if size != 8 + n + end:
+                return f"has {size:,} bytes where its header describes {8 + n + end:,}"
+        elif path.endswith((".pt", ".pth", ".bin")):
+            import zipfile
+            with open(path, "rb") as f:
+                if f.read(2) != b"PK":  # not torch's zip format (an old pickle): not judged
+                    return None
+            with zipfile.ZipFile(path) as z:
+                if any(i.header_offset + i.compress_size > size for i in z.infolist()):
+                    return "is cut short"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"is unreadable ({type(e).__name__}: {e})"
+    except Exception as e:  # zipfile.BadZipFile and the like
+        return f"is cut short or damaged ({e})"
+    return None

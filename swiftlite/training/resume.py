@@ -1,15 +1,18 @@
 """--resume_from_checkpoint, checked before anything is loaded: a checkpoint-<step> folder, or
 a run folder (its last complete checkpoint). A checkpoint that lacks a file the Trainer needs
 to continue exactly (weights, optimizer, scheduler, trainer state, RNG), or that was never
-marked complete (its run stopped while saving it), is refused by name: resuming from it would
-silently restart the optimizer, the LR schedule or the data order, or die in a traceback."""
+marked complete (its run stopped while saving it), or whose files differ from the sizes and
+hashes recorded when it was marked (runtime.output.damaged_files), is refused by name: resuming
+from it would silently restart the optimizer, the LR schedule or the data order, or die in a
+traceback once the model has loaded."""
 from __future__ import annotations
 
 import os
 import re
 
 from swiftlite.errors import UsageError
-from swiftlite.runtime.output import COMPLETE_MARKER, checkpoints, is_complete, last_checkpoint
+from swiftlite.runtime.output import (COMPLETE_MARKER, checkpoints, damaged_files, is_complete,
+                                      last_checkpoint)
 
 
 def required_files(train_type: str, deepspeed) -> list[tuple[str, tuple[str, ...]]]:
@@ -45,11 +48,7 @@ def resolve_resume(path: str, train_type: str = "lora", deepspeed=None) -> str:
     missing = [f"{what} ({' or '.join(names)})" for what, names in
                required_files(train_type, deepspeed)
                if not any(os.path.exists(os.path.join(ckpt, n)) for n in names)]
-    run_dir = os.path.dirname(os.path.normpath(ckpt))
-    earlier = [p for _, p in checkpoints(run_dir) if p != ckpt and is_complete(p)
-               and _step(p) < _step(ckpt)]
-    instead = (f" Resume from {earlier[-1]}, the last complete checkpoint before it."
-               if earlier else "")
+    instead = _instead(ckpt)
     if missing:
         raise UsageError(f"--resume_from_checkpoint {ckpt}: missing {'; '.join(missing)}, "
                          "so training cannot continue where it stopped." + instead)
@@ -59,7 +58,22 @@ def resolve_resume(path: str, train_type: str = "lora", deepspeed=None) -> str:
             "it was still being written when its run stopped." + instead + " (A checkpoint "
             "written before swiftlite marked complete ones has no marker either: if you know "
             f"it is whole, create an empty {COMPLETE_MARKER} in it.)")
+    damaged = damaged_files(ckpt)
+    if damaged:
+        raise UsageError(f"--resume_from_checkpoint {ckpt} is damaged: {'; '.join(damaged)} (a "
+                         "disk error, a full disk or an incomplete copy). Nothing was loaded."
+                         + (instead or " It is the run's only complete checkpoint: copy it "
+                            "again from where it was made, or start the run anew."))
     return ckpt
+
+
+def _instead(ckpt: str) -> str:
+    """Where to resume instead: the last complete, undamaged checkpoint before `ckpt`."""
+    run_dir = os.path.dirname(os.path.normpath(ckpt))
+    for _, p in reversed(checkpoints(run_dir)):
+        if p != ckpt and _step(p) < _step(ckpt) and is_complete(p) and not damaged_files(p):
+            return f" Resume from {p}, the last complete checkpoint before it."
+    return ""
 
 
 def _step(ckpt: str) -> int:

@@ -141,8 +141,15 @@ def train(trainer, args, hw, run_dir: str, has_eval: bool, t_start: float,
     if args.resume_from_checkpoint:
         info(f"resuming from {args.resume_from_checkpoint}")
     info(f"ready to train after {time.time() - t_start:.1f} s")
-    with oom_guard(args, hw):
-        result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    try:
+        with oom_guard(args, hw):
+            result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    except BaseException as e:
+        from swiftlite.training.failures import explain
+        instead = explain(e, args, run_dir, started=getattr(trainer, "trained_a_step", False))
+        if instead is None:
+            raise
+        raise instead from e
     metrics = dict(result.metrics)
     if stream_report is not None:
         info(f"stream: {stream_report.summary()}")

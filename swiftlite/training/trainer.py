@@ -35,10 +35,20 @@ def trainer_class(chunked_loss: bool):
     from transformers import Trainer
 
     class NoSecretsTrainer(Trainer):
+        lora_plus_lr_ratio = None  # --lora_plus_lr_ratio, set by build_trainer
+
+        def create_optimizer(self, model=None):
+            if self.lora_plus_lr_ratio and self.optimizer is None:
+                from swiftlite.training.lora_variants import loraplus_optimizer
+                self.optimizer = loraplus_optimizer(model or self.model, self.args,
+                                                    self.lora_plus_lr_ratio)
+            return super().create_optimizer(model)
+
         def training_step(self, model, inputs, num_items_in_batch=None):
             loss = super().training_step(model, inputs, num_items_in_batch)
             for guard in self._guards():  # every loss seen, not only logged ones
                 guard.see(loss, self.state.global_step + 1)
+            self.trained_a_step = True  # a run that fails from now on keeps its folder
             return loss
 
         def _save_checkpoint(self, model, trial):
@@ -150,6 +160,7 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
                           callbacks=callbacks, **trainer_kwargs)
     if scorer is not None:
         scorer.trainer = trainer
+    trainer.lora_plus_lr_ratio = getattr(args, "lora_plus_lr_ratio", None)
     return trainer
 
 
