@@ -165,18 +165,23 @@ def mark_complete(ckpt: str, step: int) -> None:
 def damaged_files(ckpt: str) -> list[str]:
     """What is wrong with a complete checkpoint's files, one sentence each (empty: whole).
     Against the sizes and hashes its marker recorded; a marker written before they were (no
-    "digests") is trusted for the list of files, and each file is checked for being cut short
-    as far as its format tells (safetensors' header, the zip directory of torch's files)."""
+    "digests"; or an empty one, a user's word for a checkpoint older than markers) is trusted
+    for the list of files (or the folder's), and each file is checked for being cut short as
+    far as its format tells (safetensors' header, the zip directory of torch's files)."""
     try:
         with open(os.path.join(ckpt, COMPLETE_MARKER), encoding="utf-8") as f:
-            marker = json.load(f)
+            text = f.read()
+        marker = json.loads(text) if text.strip() else {}  # empty: a user vouched for it
         if not isinstance(marker, dict):
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
         return [f"{COMPLETE_MARKER} is unreadable ({e})"]
     digests = marker.get("digests")
     problems = []
-    for rel in digests or marker.get("files") or []:
+    listed = digests or marker.get("files") or [
+        os.path.relpath(os.path.join(base, n), ckpt) for base, _, names in os.walk(ckpt)
+        for n in names if n != COMPLETE_MARKER]
+    for rel in listed:
         path = os.path.join(ckpt, rel)
         if not os.path.isfile(path):
             problems.append(f"{rel} is missing")

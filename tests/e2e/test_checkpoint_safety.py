@@ -98,6 +98,8 @@ def test_a_damaged_checkpoint_is_refused_before_anything_loads(run_copy, chat_js
     (ckpt4 / COMPLETE_MARKER).write_text(json.dumps(
         {k: marker[k] for k in ("step", "files", "time")}))
     assert resolve_resume(str(ckpt4)) == str(ckpt4)
+    (ckpt4 / COMPLETE_MARKER).write_text("")  # how the message says to vouch for a checkpoint
+    assert resolve_resume(str(ckpt4)) == str(ckpt4)  # older than markers
     _damage(ckpt4 / "rng_state.pth", "truncate")
     with pytest.raises(UsageError, match=r"rng_state\.pth"):
         resolve_resume(str(ckpt4))
