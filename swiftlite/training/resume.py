@@ -7,6 +7,7 @@ from it would silently restart the optimizer, the LR schedule or the data order,
 traceback once the model has loaded."""
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -58,6 +59,8 @@ def resolve_resume(path: str, train_type: str = "lora", deepspeed=None) -> str:
             "it was still being written when its run stopped." + instead + " (A checkpoint "
             "written before swiftlite marked complete ones has no marker either: if you know "
             f"it is whole, create an empty {COMPLETE_MARKER} in it.)")
+    if deepspeed:
+        _warn_if_foreign(ckpt)
     damaged = damaged_files(ckpt)
     if damaged:
         raise UsageError(f"--resume_from_checkpoint {ckpt} is damaged: {'; '.join(damaged)} (a "
@@ -78,3 +81,28 @@ def _instead(ckpt: str) -> str:
 
 def _step(ckpt: str) -> int:
     return int(os.path.basename(os.path.normpath(ckpt)).rsplit("-", 1)[1])
+
+
+def _warn_if_foreign(ckpt: str) -> None:
+    """DeepSpeed's resume reads its own files with torch.load(weights_only=False) (DeepSpeed
+    0.19.8): unpickling, which runs whatever code a crafted file holds. One line when the
+    checkpoint does not look like the user's own: no args.json of swiftlite's in its run
+    folder, or files that belong to another user."""
+    from swiftlite.log import warn
+    why = []
+    try:
+        with open(os.path.join(os.path.dirname(os.path.normpath(ckpt)), "args.json")) as f:
+            if "command" not in json.load(f):
+                raise ValueError
+    except (OSError, ValueError, TypeError):
+        why.append("its run folder has no args.json written by swiftlite")
+    owners = {os.stat(os.path.join(base, n)).st_uid for base, _, names in os.walk(ckpt)
+              for n in names} - {os.getuid()}
+    if owners:
+        why.append(f"its files belong to uid {', '.join(map(str, sorted(owners)))}, not you "
+                   f"(uid {os.getuid()})")
+    if why:
+        warn(f"--resume_from_checkpoint {ckpt} with --deepspeed: DeepSpeed loads its optimizer "
+             "and model states with pickle (torch.load weights_only=False), which runs any code "
+             f"a crafted file holds, and this checkpoint may not be yours: {'; '.join(why)}. "
+             "Resume only from a DeepSpeed checkpoint you trust.")

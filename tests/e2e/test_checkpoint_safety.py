@@ -121,6 +121,28 @@ def test_a_checkpoint_that_fails_to_load_leaves_no_run_folder(tiny_run, chat_jso
     assert not out.exists()
 
 
+def test_resuming_a_deepspeed_checkpoint_someone_else_wrote_is_warned_about(run_copy, capsys):
+    """DeepSpeed loads its own checkpoint files with pickle (weights_only=False in DeepSpeed
+    0.19.8), which runs any code a crafted file holds: one line says so when the checkpoint's
+    run folder has no args.json of swiftlite's or its files belong to another user."""
+    from swiftlite.training.resume import resolve_resume
+    ckpt = run_copy / "checkpoint-8"
+    (ckpt / "latest").write_text("global_step8")  # what DeepSpeed's resume reads first
+    assert resolve_resume(str(ckpt), "lora", "zero2") == str(ckpt)
+    assert "pickle" not in capsys.readouterr().err  # the user's own run: nothing to say
+    assert resolve_resume(str(ckpt), "lora", None) == str(ckpt)
+    (run_copy / "args.json").unlink()  # a folder from elsewhere
+    resolve_resume(str(ckpt), "lora", "zero2")
+    err = capsys.readouterr().err
+    assert err.count("WARNING") == 1 and "pickle" in err and "no args.json" in err, err
+    if os.geteuid() == 0:  # only root can give a file away
+        (run_copy / "args.json").write_text(json.dumps({"command": "swiftlite sft"}))
+        os.chown(ckpt / "latest", 4321, 4321)
+        resolve_resume(str(ckpt), "lora", "zero2")
+        err = capsys.readouterr().err
+        assert "uid 4321" in err and err.count("WARNING") == 1, err
+
+
 # -- a disk that fills -------------------------------------------------------------------------
 def _ignore_sigxfsz():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
