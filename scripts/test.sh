@@ -8,18 +8,24 @@ bash scripts/setup.sh
 # SWIFTLITE_SKIP_VLLM=1 leaves it out and those tests skip, saying so).
 [ "${SWIFTLITE_SKIP_VLLM:-0}" = 1 ] || bash scripts/setup_vllm.sh \
   || echo "scripts/setup_vllm.sh failed: the vLLM tests will skip"
+# llama.cpp (converter, runtime, quantizer) for the export tests: built from source once per
+# machine (about 5 minutes on 2 cores), then skipped; SWIFTLITE_SKIP_LLAMACPP=1 leaves it out.
+[ "${SWIFTLITE_SKIP_LLAMACPP:-0}" = 1 ] || bash scripts/setup_llamacpp.sh \
+  || echo "scripts/setup_llamacpp.sh failed: the GGUF export tests will skip"
 # The Web-UI tests drive Debian's Chromium through Playwright (Playwright's own browser
 # download is not reachable offline); tcmalloc is the allocator swiftlite preloads when present
-# (lower peak memory, see swiftlite/runtime/allocator.py), and its tests need it.
+# (lower peak memory, see swiftlite/runtime/allocator.py), and its tests need it; Go renders
+# the Ollama Modelfile templates that swiftlite export writes (Go's own text/template).
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
 .venv/bin/python -c "import sys; from swiftlite.runtime.allocator import find_tcmalloc; sys.exit(find_tcmalloc() is None)" \
   || missing+=(libtcmalloc-minimal4)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null) || echo "apt-get install ${missing[*]} failed"
   else
-    echo "missing: sudo apt-get install -y ${missing[*]} (the browser and allocator tests will fail or skip)"
+    echo "missing: sudo apt-get install -y ${missing[*]} (the browser, allocator and Modelfile tests will fail or skip)"
   fi
 fi
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False

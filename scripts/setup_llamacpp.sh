@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Create .venv-llamacpp with llama.cpp for `swiftlite export --format gguf` and its tests:
+#   - llama-cpp-python, built from its source distribution (cmake + g++; a few minutes on
+#     2 cores, once per machine): its module runs GGUF files and quantizes them
+#     (llama_model_quantize);
+#   - llama.cpp's own converters from the same sdist (convert_hf_to_gguf.py,
+#     convert_lora_to_gguf.py, conversion/, gguf-py/), unpacked under
+#     .venv-llamacpp/share/llama.cpp: the installed package does not carry them;
+#   - gguf (gguf-py on PyPI) and what the converters import (torch, transformers, ...).
+# Versions are pinned: the converter, the runtime and the quantizer come from one llama.cpp.
+# Run it again at any time: it skips what is already there.
+#   bash scripts/setup_llamacpp.sh
+# LLAMACPP_CMAKE_ARGS adds cmake options (e.g. -DGGML_NATIVE=OFF for a build that other
+# CPUs can use); the default leaves out llama-cpp-python's multimodal library (mtmd/llava),
+# which swiftlite does not use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VERSION=0.3.36
+GGUF_VERSION=0.19.0
+VENV=.venv-llamacpp
+SHARE=$VENV/share/llama.cpp
+STAMP=$VENV/share/llama.cpp.version
+[ -x $VENV/bin/python ] || "$PY" -m venv $VENV
+
+# What the converter imports (vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt;
+# its torch and transformers pins are relaxed to the versions swiftlite's own venv uses,
+# so the tokenizers swiftlite saves load the same way).
+if ! $VENV/bin/python -c "
+import importlib.metadata as m, importlib.util as u, sys
+mods = ('torch', 'transformers', 'numpy', 'sentencepiece', 'google.protobuf', 'safetensors')
+sys.exit(not all(u.find_spec(x) for x in mods) or m.version('gguf') != '$GGUF_VERSION')" 2>/dev/null; then
+  want() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null; }
+  TORCH=$(want torch || echo 2.13.0+cpu)
+  TRANSFORMERS=$(want transformers || echo 5.25.0)
+  $VENV/bin/pip install -q "torch==$TORCH" "transformers==$TRANSFORMERS" "gguf==$GGUF_VERSION" \
+    numpy sentencepiece protobuf safetensors
+fi
+
+sdist() {  # the source distribution, downloaded once into pip's cache
+  local dir=$VENV/share/sdist
+  mkdir -p $dir
+  [ -f $dir/llama_cpp_python-$VERSION.tar.gz ] || \
+    $VENV/bin/pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d $dir
+  echo $dir/llama_cpp_python-$VERSION.tar.gz
+}
+
+if [ "$(cat $STAMP 2>/dev/null)" != "$VERSION" ] || [ ! -f $SHARE/convert_hf_to_gguf.py ]; then
+  TARBALL=$(sdist)
+  rm -rf $SHARE.tmp && mkdir -p $SHARE.tmp
+  top=llama_cpp_python-$VERSION/vendor/llama.cpp
+  tar -xzf "$TARBALL" -C $SHARE.tmp --strip-components=3 \
+    $top/convert_hf_to_gguf.py $top/convert_lora_to_gguf.py $top/conversion $top/gguf-py $top/LICENSE
+  rm -rf $SHARE && mv $SHARE.tmp $SHARE
+fi
+
+if ! $VENV/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$VERSION' or not hasattr(llama_cpp, 'llama_model_quantize'))" 2>/dev/null; then
+  TARBALL=$(sdist)
+  echo "building llama-cpp-python $VERSION from source (cmake; a few minutes on 2 cores)..."
+  start=$(date +%s)
+  CMAKE_ARGS="-DLLAVA_BUILD=OFF ${LLAMACPP_CMAKE_ARGS:-}" \
+    $VENV/bin/pip install -q --no-binary llama-cpp-python "$TARBALL"
+  echo "llama-cpp-python built in $(( $(date +%s) - start )) s"
+fi
+echo $VERSION > $STAMP
+rm -rf $VENV/share/sdist
+echo "llama.cpp $VERSION is installed in $(pwd)/$VENV (converters in $(pwd)/$SHARE)"
