@@ -27,6 +27,10 @@ class MergeArguments:
     max_shard_size: str = arg("5GB", "largest safetensors file, e.g. 2GB or 500MB",
                               group="model")
     exist_ok: bool = arg(False, "replace an existing output folder", group="model")
+    allow_base_mismatch: bool = arg(False, "merge into a --model whose architecture differs "
+                                    "from the base the adapter was trained on (its config "
+                                    "recorded in the checkpoint); refused otherwise",
+                                    group="model")
     verify: bool = arg(True, "compare merged and adapter logits on a few samples (loads the "
                        "model twice, one after the other)", group="model")
     quant_bits: Optional[int] = arg(None, "not accepted (the merge writes full-precision "

@@ -55,6 +55,7 @@ def run(args: MergeArguments) -> str:
         info(f"{args.ckpt_dir} is {what} (config.json and weights, no LoRA adapter): there is "
              f"nothing to merge. Use it as it is: swiftlite infer --ckpt_dir {args.ckpt_dir}")
         return args.ckpt_dir
+    check_base(args, ckpt)
     out = os.path.abspath(args.output_dir or args.ckpt_dir.rstrip("/\\") + "-merged")
     _check_output(out, args, ckpt)
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -62,6 +63,30 @@ def run(args: MergeArguments) -> str:
         _check_output(out, args, ckpt)  # another merge may have finished it meanwhile
         _sweep_leftovers(out)
         return _merge(args, ckpt, out, t0)
+
+
+def check_base(args, ckpt) -> None:
+    """UsageError when the base to merge into is not the one the adapter was trained on (its
+    architecture differs from the one recorded), unless --allow_base_mismatch true."""
+    from swiftlite.models.base_check import differences, fingerprint, recorded_base
+    name, trained = recorded_base(args.ckpt_dir, ckpt.run_args)
+    given = args.model or ckpt.base_dir
+    if trained is None:
+        if args.model:
+            warn(f"cannot check that --model {args.model} is the base {args.ckpt_dir} was "
+                 f"trained on ({name or 'not recorded'}): the checkpoint records no base config "
+                 "and that base is not here")
+        return
+    diffs = differences(trained, fingerprint(ckpt.base_dir))
+    if not diffs:
+        return
+    what = (f"--model {given} is not the base {args.ckpt_dir} was trained on ({name}): "
+            f"{'; '.join(diffs)}")
+    if not args.allow_base_mismatch:
+        raise UsageError(f"{what}. The adapter would be added to weights it never saw and "
+                         "answer differently. Pass the base it was trained on, or "
+                         "--allow_base_mismatch true if you mean it.")
+    warn(f"{what}; merging anyway (--allow_base_mismatch true).")
 
 
 def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:

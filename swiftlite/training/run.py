@@ -66,10 +66,12 @@ def model_and_template(args):
 
 def resolved_run(args, model_dir: str, model_info, template, dtype: str, hw) -> dict:
     """What args.json records beyond the arguments: what they resolved to on this machine."""
+    from swiftlite.models.base_check import fingerprint
     return {"model_dir": model_dir, "template": template.name,
             "template_source": template.describe(), "system": template.saved_system,
             "torch_dtype": dtype, "hardware": hw.device,
-            "model_type": "chat" if model_info.is_chat else "base"}
+            "model_type": "chat" if model_info.is_chat else "base",
+            "base_config": fingerprint(model_dir)}  # merge-lora checks its base against it
 
 
 def load_for_training(args, model_dir: str, hw, dtype: str, adapter: str | None = None):
