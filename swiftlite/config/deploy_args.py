@@ -7,6 +7,7 @@ from typing import Optional
 
 from swiftlite.config.fields import arg, check_choices, not_positive, raise_if
 from swiftlite.config.model_args import ModelArguments, PlacementArguments
+from swiftlite.config.sizes import parse_size
 from swiftlite.config.vllm_args import BackendArguments
 
 DEPLOY_PT_BATCH = 32  # the pt server's batch; measured in README's serving table
@@ -39,6 +40,8 @@ class DeployArguments(ModelArguments, PlacementArguments, BackendArguments):
                                         group="deploy")
     max_queue_size: int = arg(64, "pt: requests waiting at most; more are answered 429",
                               group="deploy")
+    max_request_size: str = arg("4MiB", "pt: largest request body (e.g. 4MiB, 16MB); larger "
+                                "ones are answered 413 without being read", group="deploy")
 
     def validate(self) -> "DeployArguments":
         problems = []
@@ -54,6 +57,10 @@ class DeployArguments(ModelArguments, PlacementArguments, BackendArguments):
                 problems.append(f"--adapters {a}: {path} is not a LoRA checkpoint (no "
                                 "adapter_config.json)")
         problems += check_choices(self)
+        try:
+            parse_size(self.max_request_size)
+        except ValueError as e:
+            problems.append(f"--max_request_size: {e}")
         problems += not_positive(self, ("max_queue_size", "port"))
         if self.max_batch_size is not None:
             problems += not_positive(self, ("max_batch_size",))

@@ -99,12 +99,16 @@ def deploy(args: DeployArguments | dict | None = None, **kwargs) -> None:
 
     from swiftlite.inference.server.app import create_app
     engine, served = load(args)
+    from swiftlite.config.sizes import parse_size
     from swiftlite.runtime.http_guard import HostOriginGuard, default_hosts
     app = create_app(engine, served, api_key=args.api_key,
                      max_batch_size=args.max_batch_size or DEPLOY_PT_BATCH,
-                     max_queue_size=args.max_queue_size)
+                     max_queue_size=args.max_queue_size,
+                     max_request_bytes=parse_size(args.max_request_size))
+    # Origin: null passes only where the key is needed anyway; /v1 POSTs are JSON only.
     app.add_middleware(HostOriginGuard,
-                       hosts=args.allowed_hosts or default_hosts(args.host, share=False))
+                       hosts=args.allowed_hosts or default_hosts(args.host, share=False),
+                       null_origin_ok=bool(args.api_key), json_routes=("/v1/",))
     info(f"serving {', '.join(served)} at http://{args.host}:{args.port}/v1"
          + (" (API key required)" if args.api_key else ""))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -14,6 +14,9 @@ from swiftlite.config.arguments import arg
 from swiftlite.errors import UsageError
 from swiftlite.webui.runs import AUTH_ENV  # defined with the runs it is kept from
 
+# Gradio's routes that take a JSON body (its own client posts JSON to them; the upload and
+# login routes take forms).
+GRADIO_JSON_ROUTES = tuple(f"/gradio_api/{r}" for r in ("queue/join", "run/", "api/", "call/"))
 CSS = """
 .form-error { color: #b91c1c; border: 1px solid #fca5a5; background: #fef2f2;
               padding: 8px 12px; border-radius: 6px; }
@@ -139,7 +142,9 @@ def main(argv: list[str]) -> None:
         server_name=args.host, server_port=args.port, share=args.share, auth=credentials,
         ssr_mode=False, quiet=True, show_error=True, theme=gr.themes.Default(), css=CSS,
         max_file_size=max_upload,
-        app_kwargs={"middleware": [Middleware(HostOriginGuard, hosts=hosts)]})
+        app_kwargs={"middleware": [Middleware(
+            HostOriginGuard, hosts=hosts, null_origin_ok=credentials is not None,
+            json_routes=GRADIO_JSON_ROUTES)]})
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -325,8 +325,10 @@ def test_login_required_with_auth(tmp_path, browser):
 
 
 def test_foreign_hosts_cross_site_requests_and_big_uploads_are_refused(tmp_path):
-    """DNS rebinding (a foreign Host header), a cross-site request (a foreign Origin) and an
-    upload over --max_upload_size, against the real server; the app's own requests pass."""
+    """DNS rebinding (a foreign Host header), a cross-site request (a foreign Origin, or
+    Origin: null from a sandboxed page), a non-JSON body to a JSON route (what a form of
+    another site can post) and an upload over --max_upload_size, against the real server; the
+    app's own requests pass."""
     import http.client
     proc, url, root, log = start_app(tmp_path, "--max_upload_size", "64KiB")
     port = int(url.rsplit(":", 1)[1].strip("/"))
@@ -337,14 +339,16 @@ def test_foreign_hosts_cross_site_requests_and_big_uploads_are_refused(tmp_path)
         r = c.getresponse()
         return r.status, r.read().decode("utf-8", "replace")
 
-    def upload(size):
-        body = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"d.jsonl\"\r\n"
-                b"Content-Type: application/octet-stream\r\n\r\n" + b"x" * size + b"\r\n--b--\r\n")
+    def post(path, body, content_type, **headers):
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-        c.request("POST", "/gradio_api/upload", body=body,
-                  headers={"Content-Type": "multipart/form-data; boundary=b"})
+        c.request("POST", path, body=body, headers={"Content-Type": content_type, **headers})
         r = c.getresponse()
         return r.status, r.read().decode("utf-8", "replace")
+
+    def upload(size, **headers):
+        body = (b"--b\r\nContent-Disposition: form-data; name=\"files\"; filename=\"d.jsonl\"\r\n"
+                b"Content-Type: application/octet-stream\r\n\r\n" + b"x" * size + b"\r\n--b--\r\n")
+        return post("/gradio_api/upload", body, "multipart/form-data; boundary=b", **headers)
 
     try:
         assert get("/config")[0] == 200
@@ -353,6 +357,13 @@ def test_foreign_hosts_cross_site_requests_and_big_uploads_are_refused(tmp_path)
         status, body = get("/config", Origin="http://attacker.example")
         assert status == 403 and "cross-site request" in body
         assert get("/config", Origin=f"http://127.0.0.1:{port}")[0] == 200
+        status, body = get("/config", Origin="null")
+        assert status == 403 and "Origin: null" in body
+        assert upload(1000, Origin="null")[0] == 403  # answered 200 before
+        join = json.dumps({"data": [], "fn_index": 0, "session_hash": "s", "trigger_id": 1})
+        status, body = post("/gradio_api/queue/join", join, "text/plain")
+        assert status == 415 and "application/json" in body
+        assert post("/gradio_api/queue/join", join, "application/json", Origin="null")[0] == 403
         assert upload(1000)[0] == 200
         status, body = upload(200_000)
         assert status == 413, (status, body)

@@ -141,5 +141,8 @@ def test_host_and_origin_checks():
     assert problem("[::1]:7860", "", hosts) is None
     assert "not a name of this Web-UI" in problem("attacker.example:7860", "", hosts)
     assert "cross-site" in problem("127.0.0.1:7860", "http://attacker.example", hosts)
+    # Origin null: any site can send it (a sandboxed iframe), so only behind a key or login.
+    assert "Origin: null" in problem("127.0.0.1:7860", "null", hosts)
+    assert problem("127.0.0.1:7860", "null", hosts, null_origin_ok=True) is None
     assert problem("abc.gradio.live", "https://abc.gradio.live",
                    default_hosts("127.0.0.1", share=True)) is None

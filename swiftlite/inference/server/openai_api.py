@@ -17,8 +17,8 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.kind = kind or {400: "invalid_request_error", 401: "authentication_error",
-                             404: "not_found_error", 429: "rate_limit_error"}.get(
-            status, "server_error")
+                             404: "not_found_error", 413: "invalid_request_error",
+                             429: "rate_limit_error"}.get(status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param,
@@ -27,6 +27,9 @@ class ApiError(Exception):
 
 def _bad(param: str, message: str) -> ApiError:
     return ApiError(400, f"{param}: {message}", param=param)
+
+
+SEED_MAX = 2 ** 63 - 1  # what torch's generators take
 
 
 def _integer(v) -> bool:
@@ -67,8 +70,8 @@ def sampling(body: dict, max_tokens_default: int, chat: bool = True) -> dict:
             isinstance(s, str) and s for s in stop):
         raise _bad("stop", "must be a string or a list of up to 4 non-empty strings")
     seed = body.get("seed")
-    if seed is not None and not _integer(seed):
-        raise _bad("seed", f"must be an integer, got {seed!r}")
+    if seed is not None and (not _integer(seed) or not 0 <= seed <= SEED_MAX):
+        raise _bad("seed", f"must be an integer from 0 to 2^63-1, got {seed!r}")
     if not isinstance(body.get("stream", False), bool):
         raise _bad("stream", "must be true or false")
     return {"max_tokens": max_tokens, "temperature": number("temperature", 0, 2, 1.0),
@@ -125,6 +128,35 @@ def prompts(body: dict) -> tuple[list[str | list[int]], bool]:
         elif not isinstance(one, str) or not one:
             raise _bad(f"prompt[{i}]", what)
     return p, batch
+
+
+def check_unicode(body: dict) -> None:
+    """JSON can escape a lone UTF-16 surrogate ("\\ud800"), which is no Unicode character:
+    no tokenizer or template can encode it. The client's error, named by its field."""
+    found = _surrogate(body, "")
+    if found:  # the path too may hold it (a key): written escaped
+        where = found[0].encode("utf-8", "backslashreplace").decode() or "body"
+        raise _bad(where, f"contains a lone surrogate {found[1]!r} (half of a UTF-16 pair, "
+                          "not a character); send valid Unicode text")
+
+
+def _surrogate(obj, path: str) -> tuple[str, str] | None:
+    if isinstance(obj, str):
+        if not obj.isascii():
+            try:
+                obj.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return path, obj[e.start]
+        return None
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) \
+        if isinstance(obj, list) else ()
+    for k, v in items:
+        where = f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else str(k)
+        found = _surrogate(k, where) if isinstance(k, str) else None
+        found = found or _surrogate(v, where)
+        if found:
+            return found
+    return None
 
 
 def check_ids(ids: list[int], vocab: int, param: str) -> None:

@@ -15,6 +15,12 @@ Log-probabilities are of the model's own distribution (log_softmax of the raw lo
 temperature and top_p: vLLM's default "raw" logprobs), so they score text the same way
 whatever the sampling settings. A job that asks for its prompt's log-probs (echo) is
 prefilled alone with the logits of every position; no other job pays for them.
+
+One job's failure is its own: a job whose setup (its seed, its stop strings) or sampling fails
+is answered "error" and leaves the batch, the others go on as if it had never joined; a
+prefill of several jobs that fails sends each back to be prefilled alone. Only a decode step
+of the whole batch failing fails its rows together. Every job taken from the queue is answered
+("done" or "error") exactly once.
 """
 from __future__ import annotations
 
@@ -46,6 +52,12 @@ class Job:
     logprobs: int | None = None  # None: no log-probs; k: the chosen token's and the k likeliest
     prompt_logprobs: bool = False  # the prompt's log-probs too (needs logprobs)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    solo: bool = False  # prefilled alone (a prefill with others failed)
+    answered: bool = False  # "done" or "error" was emitted
+
+    @property
+    def alone(self) -> bool:
+        return self.prompt_logprobs or self.solo
 
 
 @dataclass
@@ -64,6 +76,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._stop = False
         self.busy = 0  # jobs in the running batch
+        self._taken: list[Job] = []  # every job the running batch took (joiners too)
         self._thread = threading.Thread(target=self._work, daemon=True, name="swiftlite-deploy")
         self._thread.start()
 
@@ -77,6 +90,10 @@ class Scheduler:
             self._waiting += jobs
             self._cond.notify()
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
     def close(self) -> None:
         with self._cond:
             self._stop = True
@@ -89,7 +106,7 @@ class Scheduler:
             if self._stop:
                 return []
             head = self._waiting[0]
-            return self._take(head.adapter, self.max_batch_size, head.prompt_logprobs)
+            return self._take(head.adapter, self.max_batch_size, head.alone)
 
     def _admit(self, adapter, room: int) -> list[Job]:
         """Waiting jobs that may join a running batch of `adapter` now (never blocks)."""
@@ -98,13 +115,13 @@ class Scheduler:
             if room <= 0 or self._stop or not self._waiting or \
                     self._waiting[0].adapter != adapter:
                 return []
-            return self._take(adapter, room, self._waiting[0].prompt_logprobs)
+            return self._take(adapter, room, self._waiting[0].alone)
 
-    def _take(self, adapter, count: int, scoring: bool) -> list[Job]:  # holding self._cond
+    def _take(self, adapter, count: int, alone: bool) -> list[Job]:  # holding self._cond
         # A job scoring its prompt is prefilled alone: its logits are length x vocabulary
         # floats, which must not be multiplied by a batch (nor asked of the others' rows).
         batch = [j for j in self._waiting if j.adapter == adapter and
-                 j.prompt_logprobs == scoring][:1 if scoring else count]
+                 j.alone == alone][:1 if alone else count]
         taken = set(map(id, batch))
         self._waiting = [j for j in self._waiting if id(j) not in taken]
         return batch
@@ -116,20 +133,29 @@ class Scheduler:
                 return
             if not batch:
                 continue
-            self.busy = len(batch)
-            rows: list[_Row] = []
+            self.busy, self._taken = len(batch), list(batch)
             try:
-                self._generate(batch, rows)
-            except Exception:  # one failed batch answers 500 to its own requests only
-                warn("generation failed:\n" + traceback.format_exc())
-                for r in rows:
-                    if not r.finished:
-                        r.job.emit("error", "internal error while generating")
+                self._generate(batch)
+            except Exception as e:  # a step of the whole batch: its own requests fail, no other
+                for j in self._taken:
+                    self._failed(j, e)
             finally:
-                self.busy = 0
+                self.busy, self._taken = 0, []
 
-    def _generate(self, batch: list[Job], everyone: list["_Row"]) -> None:
-        """Runs one batch until no row is left; `everyone` collects every row it served."""
+    def _failed(self, job: Job, e: Exception) -> None:
+        if not job.answered:
+            warn("generation failed:\n" + "".join(traceback.format_exception(e)))
+            _end(job, "error", f"internal error while generating ({type(e).__name__})")
+
+    def _requeue(self, jobs: list[Job]) -> None:
+        """Back to the head of the queue, each to be prefilled alone."""
+        for j in jobs:
+            j.solo = True
+        with self._cond:
+            self._waiting[:0] = jobs
+
+    def _generate(self, batch: list[Job]) -> None:
+        """Runs one batch until no row is left."""
         import contextlib
 
         import torch
@@ -142,13 +168,14 @@ class Scheduler:
             ctx = model.disable_adapter() if hasattr(model, "disable_adapter") else \
                 contextlib.nullcontext()
         with torch.inference_mode(), ctx:
-            rows, state = self._start(batch, everyone)
+            rows, state = self._start(batch)
             joinable = state is not None and _appendable(state.cache)
             while True:
                 room = self.max_batch_size - len(rows)
                 new = self._admit(adapter, room) if joinable else []
                 if new:
-                    new_rows, new_state = self._start(new, everyone)
+                    self._taken += new
+                    new_rows, new_state = self._start(new)
                     if new_rows:
                         state = new_state if not rows else _append(state, new_state)
                         rows += new_rows
@@ -158,7 +185,7 @@ class Scheduler:
                 state = self._decode(state)
                 rows, state = self._step(rows, state)
 
-    def _start(self, jobs: list[Job], everyone: list) -> tuple[list, "_State | None"]:
+    def _start(self, jobs: list[Job]) -> tuple[list, "_State | None"]:
         """Prefill jobs together and sample their first tokens: (rows still going, state)."""
         import torch
         from transformers import DynamicCache
@@ -168,10 +195,15 @@ class Scheduler:
         tok = eng.tokenizer
         rows = []
         for j in jobs:
-            g = torch.Generator(device="cpu")
-            g.manual_seed(j.seed if j.seed is not None else torch.seed() % (2 ** 63))
-            rows.append(_Row(j, g, _StopText(j.stop + eng._stop_strings)))
-        everyone += rows
+            try:
+                g = torch.Generator(device="cpu")
+                g.manual_seed(j.seed if j.seed is not None else torch.seed() % (2 ** 63))
+                rows.append(_Row(j, g, _StopText(j.stop + eng._stop_strings)))
+            except Exception as e:  # noqa: BLE001 - this job's settings: its failure alone
+                self._failed(j, e)
+        jobs = [r.job for r in rows]
+        if not jobs:
+            return [], None
         width = max(len(j.ids) for j in jobs)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         ids = torch.tensor([[pad] * (width - len(j.ids)) + j.ids for j in jobs], device=eng.device)
@@ -180,11 +212,23 @@ class Scheduler:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         scoring = any(j.prompt_logprobs for j in jobs)  # then one job alone (see _take)
-        out = eng.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                        **_forward_kwargs(eng.model, cache, every_position=scoring))
+        try:
+            out = eng.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                            **_forward_kwargs(eng.model, cache, every_position=scoring))
+        except Exception as e:  # noqa: BLE001 - whose fault is unknown: each one alone, next
+            if len(jobs) == 1:
+                self._failed(jobs[0], e)
+            else:
+                warn(f"a prefill of {len(jobs)} requests failed ({type(e).__name__}); each "
+                     "is prefilled alone")
+                self._requeue(jobs)
+            return [], None
         for r, j in enumerate(jobs):
             if j.prompt_logprobs:
-                j.emit("prompt", prompt_logprobs(out.logits[r], j.ids, j.logprobs or 0))
+                try:
+                    j.emit("prompt", prompt_logprobs(out.logits[r], j.ids, j.logprobs or 0))
+                except Exception as e:  # noqa: BLE001
+                    self._failed(j, e)
         state = _State(cache, mask, pos[:, -1:], out.logits[:, -1, :].float())
         del out
         return self._step(rows, state)
@@ -201,51 +245,22 @@ class Scheduler:
 
     def _step(self, rows: list["_Row"], state: "_State") -> tuple[list, "_State | None"]:
         """Sample each row's next token from state.logits and stream it; rows that are done
-        leave (and their KV-cache rows with them). Returns the rows left and their state."""
+        (or failed) leave, and their KV-cache rows with them. Returns the rows left and their
+        state."""
         import torch
         eng = self.engine
-        tok = eng.tokenizer
         keep, nxt = [], []
         for r, row in enumerate(rows):
-            j = row.job
-            if j.cancelled.is_set():  # its client left: nothing more to say
-                row.finished = True
-                j.emit("done", {"finish_reason": "cancelled",
-                                "completion_tokens": len(row.tokens)})
+            if row.job.answered:  # failed before its first token
                 continue
-            if j.max_tokens == 0:  # echo scoring only: nothing to generate
-                row.finished = True
-                j.emit("done", {"finish_reason": "length", "completion_tokens": 0})
+            try:
+                t = self._advance(row, state.logits[r])
+            except Exception as e:  # noqa: BLE001 - this row's sampling: it alone fails
+                self._failed(row.job, e)
                 continue
-            t = _sample(state.logits[r], j.temperature, j.top_p, row.gen)
-            if j.logprobs is not None:  # the end-of-turn token too: it was generated
-                j.emit("token", token_logprob(state.logits[r], t, j.logprobs))
-            finish = None
-            if t in eng._eos:
-                finish = "stop"
-            else:
-                row.tokens.append(t)
-                text = tok.decode(row.tokens, skip_special_tokens=True)
-                if not text.endswith("\ufffd"):  # wait for the rest of a UTF-8 char
-                    piece, stopped = row.cut.feed(text[len(row.sent):])
-                    row.sent = text
-                    if piece:
-                        j.emit("delta", piece)
-                    if stopped:
-                        finish = "stop"
-            if finish is None and len(row.tokens) >= j.max_tokens:
-                finish = "length"
-            if finish is not None:
-                if finish == "length":
-                    rest = row.cut.flush()
-                    if rest:
-                        j.emit("delta", rest)
-                row.finished = True
-                j.emit("done", {"finish_reason": finish,
-                                "completion_tokens": len(row.tokens) + (t in eng._eos)})
-                continue
-            keep.append(r)
-            nxt.append(t)
+            if t is not None:
+                keep.append(r)
+                nxt.append(t)
         if not keep:
             return [], None
         if len(keep) < len(rows):
@@ -256,6 +271,55 @@ class Scheduler:
         state.nxt = nxt
         return [rows[r] for r in keep], state
 
+    def _advance(self, row: "_Row", logits) -> int | None:
+        """Sample one row's next token and stream it: the token to feed next, or None when
+        the row is done ("done" emitted)."""
+        eng, j = self.engine, row.job
+        if j.cancelled.is_set():  # its client left: nothing more to say
+            _end(j, "done", {"finish_reason": "cancelled", "completion_tokens": len(row.tokens)})
+            return None
+        if j.max_tokens == 0:  # echo scoring only: nothing to generate
+            _end(j, "done", {"finish_reason": "length", "completion_tokens": 0})
+            return None
+        t = _sample(logits, j.temperature, j.top_p, row.gen)
+        if j.logprobs is not None:  # the end-of-turn token too: it was generated
+            j.emit("token", token_logprob(logits, t, j.logprobs))
+        finish = None
+        if t in eng._eos:
+            finish = "stop"
+        else:
+            row.tokens.append(t)
+            text = eng.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            if not text.endswith("\ufffd"):  # wait for the rest of a UTF-8 char
+                piece, stopped = row.cut.feed(text[len(row.sent):])
+                row.sent = text
+                if piece:
+                    j.emit("delta", piece)
+                if stopped:
+                    finish = "stop"
+        if finish is None and len(row.tokens) >= j.max_tokens:
+            finish = "length"
+        if finish is None:
+            return t
+        if finish == "length":
+            rest = row.cut.flush()
+            if rest:
+                j.emit("delta", rest)
+        _end(j, "done", {"finish_reason": finish,
+                         "completion_tokens": len(row.tokens) + (t in eng._eos)})
+        return None
+
+
+def _end(job: Job, kind: str, payload) -> None:
+    """A job's last word ("done" or "error"), said once."""
+    if job.answered:
+        return
+    job.answered = True
+    try:
+        job.emit(kind, payload)
+    except Exception:  # noqa: BLE001 - its listener is gone (the server is stopping)
+        pass
+
 
 @dataclass
 class _Row:
@@ -264,7 +328,6 @@ class _Row:
     cut: object  # engine._StopText
     tokens: list[int] = field(default_factory=list)
     sent: str = ""  # the text streamed so far
-    finished: bool = False  # "done" was emitted
 
 
 @dataclass
@@ -326,9 +389,13 @@ def _forward_kwargs(model, cache, every_position: bool = False) -> dict:
     return kw
 
 
+# Below it, sampling is greedy: logits / 1e-300 are infinite, and softmax's answer NaN.
+MIN_TEMPERATURE = 1e-5
+
+
 def _sample(logits, temperature: float, top_p: float, generator) -> int:
     import torch
-    if temperature <= 0:
+    if temperature < MIN_TEMPERATURE:
         return int(logits.argmax())
     probs = torch.softmax(logits / temperature, dim=-1)
     if top_p < 1.0:
