@@ -118,8 +118,9 @@ def _health_times(server, stop: threading.Event, out: list) -> None:
 
 def test_a_huge_body_is_refused_while_health_answers(server):
     """A 30 MB body gets 413 naming --max_request_size, without being read (also sent chunked,
-    with no Content-Length); a prompt under the cap but past the context gets 400 before it is
-    tokenised; /health answers promptly all along."""
+    with no Content-Length); a prompt under the cap but longer than any context gets 400 before
+    it is tokenised, a shorter one is tokenised off the event loop: /health answers promptly
+    all along."""
     stop, times = threading.Event(), []
     watcher = threading.Thread(target=_health_times, args=(server, stop, times))
     watcher.start()
@@ -143,6 +144,10 @@ def test_a_huge_body_is_refused_while_health_answers(server):
         code, reply = _post(server, "/v1/chat/completions", {
             "model": "tiny-qwen2", "messages": [{"role": "user", "content": "hi " * 1_200_000}]})
         assert code == 400 and reply["error"]["code"] == "context_length_exceeded", reply
+        # Short enough in characters to be tokenised (seconds of it), in a worker thread.
+        code, reply = _post(server, "/v1/completions", {
+            "model": "tiny-qwen2", "prompt": "hello " * 200_000, "max_tokens": 1}, timeout=60)
+        assert code == 400 and "200001 tokens" in reply["error"]["message"], reply
     finally:
         stop.set()
         watcher.join(60)
