@@ -28,6 +28,9 @@ class EstimateArguments:
     lora_rank: int = same_as(LoraArguments, "lora_rank")
     lora_dropout: float = same_as(LoraArguments, "lora_dropout")
     target_modules: list[str] = same_as(LoraArguments, "target_modules")
+    use_dora: bool = same_as(LoraArguments, "use_dora")
+    init_lora_weights: str = same_as(LoraArguments, "init_lora_weights")
+    modules_to_save: list[str] = same_as(LoraArguments, "modules_to_save")
     max_length: int = arg(2048, "tokens per sample (the worst case: every sample this long)",
                           group="train")
     batch_size: int = arg(1, "per-device batch size (sft's --per_device_train_batch_size)",

@@ -81,7 +81,7 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
         if self.resume_from_checkpoint and not os.path.isdir(self.resume_from_checkpoint):
             problems.append(f"--resume_from_checkpoint {self.resume_from_checkpoint}: no such "
                             "folder")
-        problems += self.quant_problems()
+        problems += self.quant_problems() + self.lora_variant_problems()
         if self.quant_bits is not None and self.train_type != "lora":
             problems.append(f"--quant_bits {self.quant_bits} with --train_type "
                             f"{self.train_type}: a quantized base cannot be trained itself; "

@@ -46,6 +46,7 @@ class ModelSpec:
     linear_outputs_per_layer: int = 0  # sum of out_features of all linears of one layer
     linear_params: int = 0  # weights of every nn.Linear but the LM head (what QLoRA quantizes)
     largest_linear_params: int = 0  # one linear weight (dequantized at a time under QLoRA)
+    dora_outputs_per_layer: int = 0  # --use_dora: sum of out_features of one layer's adapted linears
 
 
 @dataclass
@@ -60,17 +61,28 @@ class Row:
 
 
 def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int = 8,
-               target_modules=("all-linear",)) -> ModelSpec:
-    """Exact counts from the architecture built on the meta device (no memory used)."""
+               target_modules=("all-linear",), use_dora: bool = False,
+               modules_to_save=()) -> ModelSpec:
+    """Exact counts from the architecture built on the meta device (no memory used). DoRA
+    adds a trained magnitude per output row of each adapted linear; --modules_to_save trains
+    a full copy of each module named (the frozen original stays)."""
     import torch
+
+    from swiftlite.models.targets import check_target_modules, peft_target
     hf_config, model = meta_model(name, config)
+    target_modules = peft_target(target_modules)
     if train_type != "full":
-        from swiftlite.models.targets import check_target_modules
         check_target_modules(model, target_modules)
     unique = {id(p): p.numel() for p in model.parameters()}
     total = sum(unique.values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    lora, per_layer_inputs = _lora_counts(model, lora_rank, target_modules)
+    lora, per_layer_inputs, outputs = _lora_counts(model, lora_rank, target_modules)
+    copies = sum({id(p): p.numel() for n, m in model.named_modules() if n and any(
+        n == t or n.endswith("." + t) for t in modules_to_save)  # tied: one copy (peft's
+        for p in m.parameters()}.values())  # ensure_weight_tying, as training.tuners sets)
+    if use_dora:
+        lora += outputs[0]
+    total, lora = total + copies, lora + copies
     layer0 = [m for n, m in model.named_modules()
               if isinstance(m, torch.nn.Linear) and ".layers.0." in f"{n}."]
     head = model.get_output_embeddings()
@@ -86,7 +98,8 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
                      intermediate_size=text.intermediate_size, vocab_size=text.vocab_size,
                      attn_dim=heads * head_dim, lora_inputs_per_layer=per_layer_inputs,
                      linear_outputs_per_layer=sum(m.out_features for m in layer0),
-                     linear_params=sum(linears), largest_linear_params=max(linears, default=0))
+                     linear_params=sum(linears), largest_linear_params=max(linears, default=0),
+                     dora_outputs_per_layer=outputs[1] if use_dora else 0)
 
 
 def quantized_bytes_per_weight(bits: int, double_quant: bool = True) -> float:
@@ -100,8 +113,9 @@ def quantized_bytes_per_weight(bits: int, double_quant: bool = True) -> float:
     return (4 + scales) / 8
 
 
-def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
-    """(adapter parameters, adapted input features in one decoder layer), the way peft picks
+def _lora_counts(model, rank: int, targets) -> tuple[int, int, tuple[int, int]]:
+    """(adapter parameters, adapted input features in one decoder layer, adapted output
+    features (in all, in one decoder layer)), the way peft picks
     modules: "all-linear" is every nn.Linear except the output layer; otherwise a target
     matches a module's full name or its ending after a dot (q_proj, self_attn.q_proj), an
     embedding (embed_tokens) or the output layer (lm_head) included."""
@@ -114,7 +128,7 @@ def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
         import re  # a single string is a regex over full module names, as in peft
         pattern = targets
         targets = [n for n, _ in model.named_modules() if re.fullmatch(pattern, n)]
-    params, first_layer_inputs, first_layer = 0, 0, None
+    params, first_layer_inputs, first_layer, outputs, first_outputs = 0, 0, None, 0, 0
     for name, module in model.named_modules():
         if all_linear:
             if not isinstance(module, torch.nn.Linear) or module is out_layer:
@@ -126,11 +140,13 @@ def _lora_counts(model, rank: int, targets) -> tuple[int, int]:
             params += rank * (module.num_embeddings + module.embedding_dim)
             continue
         params += rank * (module.in_features + module.out_features)
+        outputs += module.out_features
         layer = name.split(".layers.")[1].split(".")[0] if ".layers." in name else None
         first_layer = first_layer if first_layer is not None else layer
         if layer == first_layer:
             first_layer_inputs += module.in_features
-    return params, first_layer_inputs
+            first_outputs += module.out_features
+    return params, first_layer_inputs, (outputs, first_outputs)
 
 
 def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
@@ -144,7 +160,8 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
     - the SwiGLU MLP saves the normed input, gate, silu(gate), up and their product
       (h + 4 x intermediate values);
     - LoRA: peft runs each adapter in fp32 on its own dropout of the input (4 bytes + a
-      1-byte mask per input feature of every adapted linear);
+      1-byte mask per input feature of every adapted linear); DoRA also keeps the base and
+      adapter outputs for its magnitude's gradient (2 x 4 bytes per adapted output feature);
     - --selective_checkpointing (LoRA) keeps, with each checkpointed layer input, the output of
       every frozen matmul of the layer, as torch's policy does on GPUs (CPU fused LoRA layers
       keep all but the last, so this is an upper bound there); full fine-tuning has none;
@@ -164,7 +181,8 @@ def activation_bytes_per_token(spec: ModelSpec, dtype: str, train_type: str,
     norms = 2 * (4 * h + (a * h if full else 0))
     attention = a * (h + 5 * spec.attn_dim)
     mlp = a * (h + 4 * i)
-    lora = 0 if full else spec.lora_inputs_per_layer * (4 + (1 if lora_dropout > 0 else 0))
+    lora = 0 if full else (spec.lora_inputs_per_layer * (4 + (1 if lora_dropout > 0 else 0))
+                           + 8 * spec.dora_outputs_per_layer)
     return {"layer": norms + attention + mlp + lora, "checkpoint": a * h,
             "selective": 0 if full else a * spec.linear_outputs_per_layer,
             "loss": 12 * spec.vocab_size, "chunked_loss": 2 * a * h,
@@ -247,10 +265,12 @@ def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
              dtype: str = "bfloat16", train_type: str = "lora", max_length: int = 2048,
              batch_size: int = 1, lora_dropout: float = 0.05,
              chunked_loss: bool = True, selective_checkpointing: bool = False,
-             quant_bits: int | None = None, double_quant: bool = True) -> list[Row]:
+             quant_bits: int | None = None, double_quant: bool = True,
+             zero3: bool = True) -> list[Row]:
     """One Row per stage in STAGES for this setup (tokens per micro-batch: batch x length).
     quant_bits (QLoRA): the frozen linear weights at bitsandbytes' size, one of them
-    dequantized at a time; no ZeRO-3 rows (it cannot partition packed weights)."""
+    dequantized at a time; no ZeRO-3 rows (it cannot partition packed weights), nor with
+    `zero3` false (LoRA variants that need whole base weights: DoRA, PiSSA, OLoRA)."""
     from swiftlite.runtime.hardware import weights_dtype
     w = DTYPE_BYTES[weights_dtype(dtype, train_type)]
     tokens = batch_size * max_length
@@ -259,7 +279,7 @@ def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
         - w * spec.largest_linear_params)
     rows = []
     for stage in STAGES:
-        if quant_bits is not None and stage.startswith("zero3"):
+        if (quant_bits is not None or not zero3) and stage.startswith("zero3"):
             continue
         # ZeRO-3 partitions the LM head, so swiftlite falls back to the model's own loss there.
         chunked = chunked_loss and not stage.startswith("zero3")

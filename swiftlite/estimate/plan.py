@@ -7,6 +7,7 @@ import dataclasses
 
 from swiftlite.config.arguments import EstimateArguments
 from swiftlite.config.sizes import parse_memory
+from swiftlite.config.tuner_args import MUTATED_INIT
 from swiftlite.estimate.memory import USABLE_FRACTION, Choice, estimate, model_spec
 from swiftlite.estimate.memory import recommend as fastest_that_fits
 from swiftlite.models.meta import read_config
@@ -25,7 +26,8 @@ def run(args: EstimateArguments) -> dict:
     """The estimate as a dict (what `swiftlite estimate --json` prints)."""
     args.validate()
     name, config = read_config(args.model)
-    spec = model_spec(name, config, args.train_type, args.lora_rank, args.target_modules)
+    spec = model_spec(name, config, args.train_type, args.lora_rank, args.target_modules,
+                      args.use_dora, args.modules_to_save)
 
     def rows_for(bits):
         return estimate(spec, gpus_per_node=args.gpus, nodes=args.nodes, dtype=args.torch_dtype,
@@ -34,7 +36,9 @@ def run(args: EstimateArguments) -> dict:
                         lora_dropout=args.lora_dropout,
                         chunked_loss=args.chunked_loss,
                         selective_checkpointing=args.selective_checkpointing,
-                        quant_bits=bits, double_quant=args.bnb_4bit_use_double_quant)
+                        quant_bits=bits, double_quant=args.bnb_4bit_use_double_quant,
+                        zero3=not (args.use_dora or args.init_lora_weights.startswith(
+                            MUTATED_INIT)))
 
     rows = rows_for(args.quant_bits)
     gpu_memory = parse_memory(args.gpu_memory, "gpu_memory")

@@ -1,6 +1,8 @@
-"""What --target_modules names: peft's all-linear shorthand, and a check on the meta-device
-model that every named module exists, before any weights load."""
+"""What --target_modules names: peft's all-linear shorthand, names or one regex, and a check on
+the meta-device model that every named module (or the regex) matches, before any weights load."""
 from __future__ import annotations
+
+import re
 
 ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the output layer
 
@@ -10,15 +12,35 @@ def is_all_linear(targets) -> bool:
     return targets == ALL_LINEAR or (not isinstance(targets, str) and list(targets) == [ALL_LINEAR])
 
 
+_REGEX = re.compile(r"[*+?^$()\[\]{}|\\]")  # a character no module name has
+
+
+def peft_target(targets):
+    """--target_modules as peft takes it: "all-linear", one regex (a single entry holding a
+    regex character: peft matches a string against whole module names), or a list of names."""
+    if isinstance(targets, str) or is_all_linear(targets):
+        return ALL_LINEAR if is_all_linear(targets) else targets
+    targets = list(targets)
+    return targets[0] if len(targets) == 1 and _REGEX.search(targets[0]) else targets
+
+
 def check_target_modules(model, targets) -> None:
     """A UsageError naming every --target_modules entry that matches no module of `model`
     (peft's rule for a list: a module's full name, or its ending after a dot), with the names
     there are. Run on the meta-device model (models.meta.meta_model), it reports a typo before any
     weights are loaded; peft itself would only after."""
-    if isinstance(targets, str) or is_all_linear(targets):
-        return  # a single string is a regex to peft: left to peft
+    targets = peft_target(targets)
+    if is_all_linear(targets):
+        return
     names = [n for n, _ in model.named_modules() if n]
-    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if isinstance(targets, str):  # a regex: peft's re.fullmatch over full module names
+        try:
+            missing = [] if any(re.fullmatch(targets, n) for n in names) else [targets]
+        except re.error as e:
+            from swiftlite.errors import UsageError
+            raise UsageError(f"--target_modules {targets}: not a valid regex ({e})") from None
+    else:
+        missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
         import torch
         linear = sorted({n.split(".")[-1] for n, m in model.named_modules()
@@ -34,7 +56,7 @@ def check_target_modules_before_loading(model_dir: str, targets,
     call before loading the weights (a minute for a 7B model). Remote-code models (their
     module names may differ from transformers' class) and architectures transformers cannot
     build from the config alone are left to peft's own check."""
-    if trust_remote_code or isinstance(targets, str) or is_all_linear(targets):
+    if trust_remote_code or is_all_linear(targets):
         return
     from swiftlite.errors import UsageError
     from swiftlite.models.meta import meta_model, read_config

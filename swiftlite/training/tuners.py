@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from swiftlite.log import info
-from swiftlite.models.targets import ALL_LINEAR, is_all_linear
+from swiftlite.models.targets import peft_target
+
 
 def prepare_model(model, args, device: str | None = None, adapter: str | None = None):
     """Wrap `model` for training per args.train_type; returns the model to train. `device`:
@@ -27,29 +28,31 @@ def prepare_model(model, args, device: str | None = None, adapter: str | None = 
         speedups.apply(model, plan)
         info(f"full fine-tuning: {_count(model)} trainable parameters")
         return model
-    from peft import LoraConfig, PeftModel, get_peft_model
-    targets = args.target_modules
-    target = ALL_LINEAR if is_all_linear(targets) else targets
+    from peft import PeftModel, get_peft_model
+
+    from swiftlite.training import lora_variants
     if adapter is not None:
         model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
         config = model.peft_config["default"]
-        target, rank, alpha = config.target_modules, config.r, config.lora_alpha
-        info(f"LoRA adapters from {adapter} (r={rank}, alpha={alpha}) go on training")
+        info(f"LoRA adapters from {adapter} (r={config.r}, alpha={config.lora_alpha}) go on "
+             "training")
     else:
-        config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
-                            lora_dropout=args.lora_dropout, target_modules=target,
-                            task_type="CAUSAL_LM")
+        config = lora_variants.lora_config(args, model)
         try:
             model = get_peft_model(model, config)
         except ValueError as e:
             from swiftlite.errors import UsageError
-            raise UsageError(f"--target_modules {' '.join(targets)}: {e}") from None
+            raise UsageError(f"--target_modules {' '.join(args.target_modules)}: {e}") from None
+        if lora_variants.mutated_init(config):
+            lora_variants.save_converted(model)
     speedups.apply(model, plan)
     # peft counts a 4-bit parameter as the weights it packs, not its bytes
     trainable, total = model.get_nb_trainable_parameters() if not zero3_partitioned(model) \
         else (_count(model), _count(model, trainable_only=False))
-    info(f"LoRA r={config.r} alpha={config.lora_alpha} on {target}: {trainable:,} trainable "
-         f"of {total:,} parameters ({100 * trainable / total:.3f}%)")
+    target = config.target_modules if adapter is not None else peft_target(args.target_modules)
+    info(f"LoRA r={config.r} alpha={config.lora_alpha}{lora_variants.describe(config)} on "
+         f"{target}: {trainable:,} trainable of {total:,} parameters "
+         f"({100 * trainable / total:.3f}%)")
     return model
 
 

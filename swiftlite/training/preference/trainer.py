@@ -17,11 +17,18 @@ from swiftlite.training.preference.losses import LossConfig, Logps, kto_loss, pa
 
 @contextlib.contextmanager
 def reference_model(model):
-    """The reference: `model` (peft) with its adapters switched off."""
+    """The reference: `model` (peft) with its adapters switched off, and its input embeddings
+    in eval mode: --neftune_noise_alpha's noise is the policy's in training, not the reference's."""
     if not hasattr(model, "disable_adapter"):
         raise RuntimeError("the reference of a model without adapters must be precomputed")
-    with torch.no_grad(), model.disable_adapter():
-        yield
+    embeddings = model.get_input_embeddings()
+    was_training = embeddings.training
+    embeddings.eval()
+    try:
+        with torch.no_grad(), model.disable_adapter():
+            yield
+    finally:
+        embeddings.train(was_training)
 
 
 def _sub_batch(inputs: dict, prefix: str) -> dict:

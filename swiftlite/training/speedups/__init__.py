@@ -51,6 +51,11 @@ def plan(model, args, device: str) -> Plan:
     # Fused LoRA layers on CPUs only (GPUs keep peft's layers under autocast), and not on
     # ZeRO-3's partitioned weights, which DeepSpeed gathers through the modules' hooks.
     fused = lora and args.fused_lora and device == "cpu" and not hasattr(first, "ds_id")
+    variants = [flag for flag in ("use_dora", "lora_bias") if getattr(args, flag, False)]
+    if fused and variants:
+        info(f"--fused_lora steps aside for --{' and --'.join(variants)} (its function has no "
+             "DoRA magnitude and no bias on lora_B): peft's LoRA layers")
+        fused = False
     selective = args.gradient_checkpointing and args.selective_checkpointing
     if selective and reentrant:
         warn("--selective_checkpointing needs non-reentrant checkpointing, which this "

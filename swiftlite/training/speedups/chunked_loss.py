@@ -95,6 +95,9 @@ def why_unsupported(model) -> str | None:
     """None when the supervised-head loss can replace this model's own loss; else the reason."""
     lm = unwrap(model)
     head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    if type(head).__name__ == "ModulesToSaveWrapper" and head.active_adapters:
+        # --modules_to_save lm_head: peft's wrapper hands out its trained copy's weight
+        head = head.modules_to_save[head.active_adapters[0]]
     if type(head) is not torch.nn.Linear or head.bias is not None:
         return "the LM head is not a plain bias-free Linear (e.g. LoRA on lm_head)"
     if hasattr(head.weight, "ds_id"):

@@ -1,0 +1,150 @@
+"""The LoRA variants, all peft's: the LoraConfig of the arguments (DoRA, rsLoRA, the init,
+modules_to_save, lora_bias, target modules), LoRA+'s optimizer, and PiSSA/OLoRA adapters saved
+converted for the original base.
+
+PiSSA and OLoRA start the adapter from a decomposition of each base weight W and train on
+the residual W_res = W - s B0 A0. peft's save_pretrained(path_initial_model_for_weight_conversion)
+writes instead the plain LoRA adapter of rank 2r, [B | -B0] [A ; A0], which applied to the
+original W gives W_res + s B A: the trained model. So every checkpoint is an ordinary adapter
+of the original base (infer, merge-lora, deploy, vLLM and plain peft need nothing else). The
+initial A0, B0 are kept in memory from the start; resuming reads them back from the converted
+adapter (its second half) and puts the residual base exactly where that run had it, whatever
+this run's own decomposition gave (a randomized SVD on another machine may differ).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import types
+
+from swiftlite.log import info
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def lora_config(args, model):
+    """peft's LoraConfig for these arguments on `model` (a transformers model)."""
+    from peft import LoraConfig
+
+    from swiftlite.errors import UsageError
+    from swiftlite.models.targets import peft_target
+    init = args.init_lora_weights
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    try:
+        return LoraConfig(
+            r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+            target_modules=peft_target(args.target_modules), use_dora=args.use_dora,
+            use_rslora=args.use_rslora, lora_bias=args.lora_bias,
+            init_lora_weights=True if init == "true" else init,
+            modules_to_save=list(args.modules_to_save) or None,
+            # a tied embedding and LM head stay one matrix: one trained copy
+            ensure_weight_tying=tied and bool(args.modules_to_save), task_type="CAUSAL_LM")
+    except ValueError as e:  # a combination validate does not know of
+        raise UsageError(f"peft refuses this LoRA configuration: {e}") from None
+
+
+def describe(config) -> str:
+    """The variants in use, for the log line of prepare_model ("" for plain LoRA)."""
+    parts = [name for name, on in (("DoRA", config.use_dora), ("rsLoRA", config.use_rslora),
+                                   ("lora_bias", config.lora_bias)) if on]
+    if config.init_lora_weights is not True:
+        parts.append(f"init {config.init_lora_weights}")
+    if config.modules_to_save:
+        parts.append(f"modules_to_save {' '.join(sorted(config.modules_to_save))}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def mutated_init(config) -> bool:
+    return str(config.init_lora_weights).lower().startswith(("pissa", "olora"))
+
+
+# -- PiSSA / OLoRA: saved converted, resumed from the conversion -------------------------------
+def save_converted(model) -> None:
+    """From now on `model` (a freshly initialised PiSSA/OLoRA peft model) saves its adapter
+    converted for the original base, and loads such a checkpoint back for training."""
+    from peft.utils import get_peft_model_state_dict
+    model._initial_adapter = {k: v.detach().to("cpu", copy=True)
+                              for k, v in get_peft_model_state_dict(model).items()}
+    model.save_pretrained = types.MethodType(_save_converted, model)
+    model.load_adapter = types.MethodType(_load_converted, model)
+    info(f"--init_lora_weights {model.peft_config['default'].init_lora_weights}: checkpoints "
+         "hold the adapter converted for the original base (rank "
+         f"{2 * model.peft_config['default'].r}, plain LoRA)")
+
+
+def _save_converted(self, save_directory, **kwargs):
+    from peft import PeftModel
+    from safetensors.torch import save_file
+    with tempfile.TemporaryDirectory(prefix="swiftlite-initial-adapter-") as tmp:
+        initial = os.path.join(tmp, "initial")
+        os.makedirs(initial)
+        save_file(self._initial_adapter, os.path.join(initial, ADAPTER_WEIGHTS))
+        return PeftModel.save_pretrained(self, save_directory,
+                                         path_initial_model_for_weight_conversion=initial,
+                                         **kwargs)
+
+
+def _load_converted(self, model_id, adapter_name, *args, **kwargs):
+    """The Trainer's resume (and its best-model reload) load a checkpoint into "default": a
+    converted one goes back to rank r on the residual base of the run that saved it."""
+    from peft import PeftModel
+    path = os.path.join(str(model_id), "adapter_config.json")
+    config = self.peft_config.get(adapter_name)
+    if config is None or not os.path.exists(path):
+        return PeftModel.load_adapter(self, model_id, adapter_name, *args, **kwargs)
+    with open(path, encoding="utf-8") as f:
+        saved_r = json.load(f).get("r")
+    if saved_r != 2 * config.r:
+        return PeftModel.load_adapter(self, model_id, adapter_name, *args, **kwargs)
+    _restore(self, os.path.join(str(model_id), ADAPTER_WEIGHTS), adapter_name, config.r)
+    return None
+
+
+def _restore(model, weights: str, adapter_name: str, r: int) -> None:
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+    saved = load_file(weights)
+    trained, initial = {}, {}
+    for key, t in saved.items():
+        if key.endswith("lora_A.weight"):
+            trained[key], initial[key] = t[:r], t[r:]
+        elif key.endswith("lora_B.weight"):
+            trained[key], initial[key] = t[:, :r], -t[:, r:]
+    prefix = "base_model.model."
+    with torch.no_grad():
+        for name, layer in model.base_model.model.named_modules():
+            if not isinstance(layer, LoraLayer) or adapter_name not in layer.lora_A:
+                continue
+            key = f"{prefix}{name}.lora_%s.weight"
+            scale = layer.scaling[adapter_name]
+            ours_a, ours_b = (model._initial_adapter[key % "A"].float(),
+                              model._initial_adapter[key % "B"].float())
+            theirs_a, theirs_b = initial[key % "A"].float(), initial[key % "B"].float()
+            if torch.equal(ours_a, theirs_a) and torch.equal(ours_b, theirs_b):
+                continue
+            # W_res(theirs) = W_res(ours) + s (B0 A0 (ours) - B0 A0 (theirs))
+            w = layer.get_base_layer().weight
+            delta = scale * (ours_b @ ours_a - theirs_b @ theirs_a)
+            w.copy_((w.float() + delta).to(w.dtype))
+    model._initial_adapter = {**model._initial_adapter, **initial}
+    set_peft_model_state_dict(model, trained, adapter_name=adapter_name)
+    info(f"{os.path.dirname(weights)}: the converted PiSSA/OLoRA adapter goes on training at "
+         f"rank {r} on its residual base")
+
+
+# -- LoRA+ ----------------------------------------------------------------------------------
+def loraplus_optimizer(model, training_args, ratio: float):
+    """peft's LoRA+ optimizer: the Trainer's optimizer class and settings (--optim,
+    --learning_rate, --weight_decay), lora_B at `ratio` times the learning rate."""
+    from peft.optimizers import create_loraplus_optimizer
+    from transformers import Trainer
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(training_args, model)
+    kwargs = dict(kwargs)
+    lr = kwargs.pop("lr", training_args.learning_rate)
+    info(f"--lora_plus_lr_ratio {ratio}: lora_B learns at {lr * ratio:g}, lora_A at {lr:g} "
+         "(peft's LoRA+ optimizer)")
+    return create_loraplus_optimizer(model, cls, lr=lr, loraplus_lr_ratio=ratio,
+                                     loraplus_weight_decay=training_args.weight_decay, **kwargs)

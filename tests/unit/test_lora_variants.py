@@ -1,0 +1,273 @@
+"""The LoRA variants (DoRA, rsLoRA, the inits, lora_bias, modules_to_save, a regex target,
+LoRA+, NEFTune): swiftlite's model with its speed-ups equals plain peft's on the same batch, the
+saved adapter gives the same logits in plain peft, and PiSSA/OLoRA checkpoints are converted
+for the original base (merge-lora and resume included)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from swiftlite.config.arguments import SftArguments
+
+from helpers.speedups import _assert_close_grads, _batch, _grads
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen25() -> str:
+    from swiftlite.models.builtin import build
+    return build("tiny-qwen2.5")
+
+
+# name -> (swiftlite's arguments, the LoraConfig a peft user would write for them); each case
+# combines variants that go together, to keep to four model pairs
+VARIANTS = {
+    "dora-rslora-gaussian": ({"use_dora": True, "use_rslora": True, "init_lora_weights": "gaussian"},
+                             {"use_dora": True, "use_rslora": True, "init_lora_weights": "gaussian"}),
+    "pissa-regex": ({"init_lora_weights": "pissa_niter_2", "target_modules": [r".*\.(q|v)_proj"]},
+                    {"init_lora_weights": "pissa_niter_2", "target_modules": r".*\.(q|v)_proj"}),
+    "olora-rslora": ({"init_lora_weights": "olora", "use_rslora": True},
+                     {"init_lora_weights": "olora", "use_rslora": True}),
+    "lora_bias-modules_to_save": (
+        {"lora_bias": True, "modules_to_save": ["lm_head"]},
+        {"lora_bias": True, "modules_to_save": ["lm_head"], "ensure_weight_tying": True}),
+}
+ASIDE = {"dora-rslora-gaussian", "lora_bias-modules_to_save"}  # fused LoRA steps aside
+
+
+def _args(**kw) -> SftArguments:
+    return SftArguments(model="x", dataset=["x"], lora_dropout=0.0, **kw)
+
+
+def _perturb(model, seed=3):
+    """lora_B (zero at init) and the saved copies get values, the same in both models."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            if p.requires_grad and ("lora_B" in name or "modules_to_save" in name):
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+
+def _swiftlite_model(model_dir, args, capfd=None):
+    from swiftlite.models.loader import load_model
+    from swiftlite.training.tuners import prepare_model
+    base = load_model(model_dir, "float32")
+    torch.manual_seed(0)
+    model = prepare_model(base, args)
+    log = capfd.readouterr().err if capfd is not None else ""
+    _perturb(model)
+    return model.train(), log
+
+
+def _peft_model(model_dir, peft_kwargs):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    # with the KV cache on, transformers skips the per-sample mask of a padding-free batch
+    base.config.use_cache = False
+    config = LoraConfig(**{"r": 8, "lora_alpha": 32, "lora_dropout": 0.0,
+                           "target_modules": "all-linear", "task_type": "CAUSAL_LM",
+                           **peft_kwargs})
+    torch.manual_seed(0)
+    model = get_peft_model(base, config)
+    _perturb(model)
+    return model.train()
+
+
+def _loss_and_grads(model, batch, chunked: bool):
+    from swiftlite.training.speedups.chunked_loss import supervised_head_loss
+    model.zero_grad()
+    loss = supervised_head_loss(model, batch) if chunked else model(**batch).loss
+    loss.backward()
+    return loss.item(), _grads(model)
+
+
+def _logits(model, batch):
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                    use_cache=False).logits
+    model.train()
+    return out
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variant_equals_plain_peft_and_saves_for_plain_peft(tiny_qwen25, variant, tmp_path,
+                                                           capfd):
+    """swiftlite's model (fused LoRA, fast dropout, checkpointing, chunked loss: what steps
+    aside says so once) has plain peft's loss and gradients on one batch; after a step its
+    saved adapter, loaded by PeftModel.from_pretrained on the original base, gives its logits
+    (PiSSA/OLoRA: converted for the original base)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    ours_kw, peft_kw = VARIANTS[variant]
+    _, _, batch = _batch(tiny_qwen25)
+    ours, log = _swiftlite_model(tiny_qwen25, _args(**ours_kw), capfd)
+    plain = _peft_model(tiny_qwen25, peft_kw)
+    assert log.count("--fused_lora steps aside") == (variant in ASIDE)
+    fused = sum("_peft_forward" in vars(m) for m in ours.modules())
+    assert (fused == 0) == (variant in ASIDE)
+    loss, grads = _loss_and_grads(ours, batch, chunked=True)
+    plain_loss, plain_grads = _loss_and_grads(plain, batch, chunked=False)
+    assert loss == pytest.approx(plain_loss, rel=1e-5)
+    _assert_close_grads(plain_grads, grads)
+    with torch.no_grad():  # one step, so that the saved adapter is not the initial one
+        for p in ours.parameters():
+            if p.grad is not None:
+                p.sub_(p.grad * 0.5)
+    ours.save_pretrained(str(tmp_path))
+    saved = json.loads((tmp_path / "adapter_config.json").read_text())
+    if variant.startswith(("pissa", "olora")):  # plain LoRA of rank 2r for the original base
+        assert saved["r"] == 16 and saved["init_lora_weights"] is True
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen25, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, str(tmp_path))
+    want = _logits(ours, batch)
+    assert (want - _logits(loaded, batch)).abs().max().item() < 1e-4 * want.abs().max().item()
+
+
+@pytest.mark.slow
+def test_smollm2_variants_equal_plain_peft(smollm2):
+    """The same on SmolLM2 (the real model, 30 layers), DoRA with rsLoRA (on q_proj and v_proj:
+    DoRA recomputes each adapted weight's norm at every call, slow on a CPU)."""
+    kw = {"use_dora": True, "use_rslora": True}
+    _, _, batch = _batch(smollm2)
+    ours, _ = _swiftlite_model(smollm2, _args(**kw, target_modules=["q_proj", "v_proj"]))
+    loss, grads = _loss_and_grads(ours, batch, chunked=True)
+    del ours
+    plain = _peft_model(smollm2, {**kw, "target_modules": ["q_proj", "v_proj"]})
+    plain_loss, plain_grads = _loss_and_grads(plain, batch, chunked=False)
+    assert loss == pytest.approx(plain_loss, rel=1e-5)
+    _assert_close_grads(plain_grads, grads)
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_qwen25, tmp_path_factory):
+    """swiftlite's SFT Trainer with --neftune_noise_alpha 5 and --lora_plus_lr_ratio 16."""
+    from datasets import Dataset
+
+    from swiftlite.runtime import hardware
+    from swiftlite.training.trainer import build_trainer
+    tok, samples, _ = _batch(tiny_qwen25)
+    args = _args(neftune_noise_alpha=5.0, lora_plus_lr_ratio=16.0, learning_rate=1e-3,
+                 max_steps=1, training_args={"report_to": ["none"]})
+    model, _ = _swiftlite_model(tiny_qwen25, args)
+    return build_trainer(model, tok, Dataset.from_list([dict(s) for s in samples]), None, args,
+                         str(tmp_path_factory.mktemp("run")), "float32", hardware.detect())
+
+
+def test_lora_plus_gives_lora_b_its_own_learning_rate(trainer):
+    """peft's LoRA+ optimizer: every lora_B at 16 x --learning_rate, every lora_A at it."""
+    optimizer = trainer.create_optimizer()
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    rates = {names[id(p)]: g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    assert len(rates) == sum(p.requires_grad for p in trainer.model.parameters())
+    assert {round(lr, 9) for n, lr in rates.items() if "lora_B" in n} == {16e-3}
+    assert {round(lr, 9) for n, lr in rates.items() if "lora_A" in n} == {1e-3}
+
+
+def test_neftune_noises_training_not_inference_nor_the_reference(trainer):
+    """--neftune_noise_alpha reaches TrainingArguments; with transformers' hook on (as
+    Trainer.train puts it), the embeddings' output is noised in train mode only, and not in
+    rlhf's reference (adapters off, same model)."""
+    from transformers.integrations.neftune import activate_neftune, deactivate_neftune
+
+    from swiftlite.training.preference.trainer import reference_model
+    assert trainer.args.neftune_noise_alpha == 5.0
+    model = trainer.model
+    emb = model.get_input_embeddings()
+    ids = torch.arange(100, 140)[None]
+    with torch.no_grad():
+        clean = emb(ids)
+        handle = activate_neftune(model, trainer.neftune_noise_alpha, trainer.accelerator)
+        try:
+            model.train()
+            assert (emb(ids) - clean).abs().max() > 1e-3
+            with reference_model(model):
+                assert torch.equal(emb(ids), clean)
+            assert emb.training
+            model.eval()
+            assert torch.equal(emb(ids), clean)
+        finally:
+            model.train()
+            deactivate_neftune(model, handle, trainer.accelerator)
+
+
+def test_variant_refusals_are_said_before_loading():
+    """The combinations peft cannot run are refused by validate, with the reason."""
+    def problems(**kw):
+        return " | ".join(_args(**kw).problems())
+    assert "ZeRO-3 holds it partitioned" in problems(use_dora=True, deepspeed="zero3")
+    assert "decomposition needs each whole base weight" in problems(
+        init_lora_weights="olora", deepspeed={"zero_optimization": {"stage": 3}})
+    assert "PiSSA refuses a quantized base" in problems(init_lora_weights="pissa", quant_bits=4)
+    assert "would drop what these add" in problems(init_lora_weights="pissa", use_dora=True)
+    assert "one or the other" in problems(use_dora=True, lora_bias=True)
+    assert "B = 0" in problems(lora_bias=True, init_lora_weights="gaussian")
+    assert "loftq" in problems(init_lora_weights="loftq")
+    assert "choose one of" in problems(init_lora_weights="pissa_niter_0")
+    assert "DeepSpeed's own optimizer" in problems(lora_plus_lr_ratio=4.0,
+                                                   deepspeed="zero3_offload")
+    assert "full fine-tuning" in problems(use_dora=True, train_type="full")
+    assert problems(use_dora=True, quant_bits=4, deepspeed="zero2") == ""
+    assert problems(init_lora_weights="pissa_niter_4", use_rslora=True,
+                    lora_plus_lr_ratio=16.0, neftune_noise_alpha=5.0) == ""
+
+
+def test_variants_in_the_web_ui_and_the_estimate(tiny_qwen25):
+    """The Web-UI's form lists every variant (its tuner section); the estimate counts DoRA's
+    magnitudes and activations and modules_to_save's copies, and offers no ZeRO-3 to DoRA."""
+    from swiftlite.estimate.memory import model_spec
+    from swiftlite.estimate.plan import run
+    from swiftlite.config.arguments import EstimateArguments
+    from swiftlite.models.meta import read_config
+    from swiftlite.webui import form
+    for name in ("use_dora", "use_rslora", "lora_plus_lr_ratio", "init_lora_weights",
+                 "neftune_noise_alpha", "modules_to_save", "lora_bias"):
+        assert form.FIELDS[name].metadata["group"] == "tuner"
+    name, config = read_config(tiny_qwen25)
+    plain, dora = model_spec(name, config), model_spec(name, config, use_dora=True)
+    h, i, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    outputs = h + 2 * kv + h + 2 * i + h  # q k v o gate up down
+    assert dora.trainable_params - plain.trainable_params == layers * outputs
+    assert dora.dora_outputs_per_layer == outputs
+    saved = model_spec(name, config, modules_to_save=["embed_tokens", "lm_head"])  # tied: one
+    assert saved.trainable_params - plain.trainable_params == config["vocab_size"] * h
+    rows = run(EstimateArguments(model=tiny_qwen25, use_dora=True, gpus=2))["rows"]
+    assert [r["stage"] for r in rows if r["stage"].startswith("zero3")] == []
+    with_dora = run(EstimateArguments(model=tiny_qwen25, use_dora=True))["rows"][0]
+    without = run(EstimateArguments(model=tiny_qwen25))["rows"][0]
+    assert with_dora["gpu"]["activations_no_ckpt"] > without["gpu"]["activations_no_ckpt"]
+
+
+@pytest.mark.slow
+def test_pissa_run_resumes_and_merges_to_base_plus_adapter(tiny_qwen25, chat_jsonl, tmp_path):
+    """sft with --init_lora_weights pissa_niter_2: checkpoints are plain rank-2r adapters of the
+    original base; resuming from the first gives the second exactly; merge-lora of it equals
+    base + adapter in plain peft."""
+    import swiftlite
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    common = dict(model=tiny_qwen25, dataset=[chat_jsonl + "#8"], max_steps=2, save_steps=1,
+                  per_device_train_batch_size=4, gradient_accumulation_steps=1,
+                  learning_rate=1e-2, torch_dtype="float32", add_version=False,
+                  init_lora_weights="pissa_niter_2", report_to=["none"])
+    swiftlite.sft(**common, output_dir=str(tmp_path / "a"))
+    swiftlite.sft(**common, output_dir=str(tmp_path / "b"),
+                  resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-1"))
+    ckpt = str(tmp_path / "a" / "checkpoint-2")
+    a, b = (load_file(os.path.join(str(tmp_path / run / "checkpoint-2"),
+                                   "adapter_model.safetensors")) for run in ("a", "b"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert json.load(open(os.path.join(ckpt, "adapter_config.json")))["r"] == 16
+    merged = swiftlite.merge_lora(ckpt, verify=False)
+    ids = torch.arange(1000, 1032)[None]
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen25, dtype=torch.float32)
+    with torch.no_grad():
+        want = PeftModel.from_pretrained(base, ckpt).eval()(input_ids=ids).logits
+        got = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)(
+            input_ids=ids).logits
+    assert (want - got).abs().max().item() < 1e-4
