@@ -42,12 +42,14 @@ def eval_args(ckpt_dir: str, values: dict, policy):
         args.validate()
     except UsageError as e:
         problems += [x.strip()[2:] for x in str(e).splitlines()[1:]]
-    if args.ckpt_dir:
-        problems += policy.path_problems("--ckpt_dir", args.ckpt_dir)
+    if args.ckpt_dir:  # and what the folder would load: its base model, code
+        outside = policy.path_problems("--ckpt_dir", args.ckpt_dir)
+        problems += outside or (policy.trained_problems(args.ckpt_dir)
+                                if os.path.isdir(args.ckpt_dir) else [])
     for path in args.eval_dataset:
         problems += policy.path_problems("--eval_dataset", path.split("#")[0])
     if args.compare:
-        problems += policy.model_problems("--compare", args.compare)
+        problems += policy.infer_problems(args.compare, "--compare")
     if args.output_dir and not policy.inside(args.output_dir, [os.path.realpath(policy.root)]):
         problems.append(f"--output_dir {args.output_dir}: must be inside the output root "
                         f"{policy.root}")

@@ -128,26 +128,59 @@ class Policy:
         text = str(value).strip()
         return [] if text.startswith("{") else self.path_problems("--deepspeed", text)
 
-    def infer_problems(self, source: str) -> list[str]:
-        """A checkpoint or model the Infer tab may load (and the code it would run)."""
-        problems = self.model_problems("checkpoint or model", source)
+    def infer_problems(self, source: str, flag: str = "checkpoint or model") -> list[str]:
+        """A checkpoint or model a tab may load (Infer; Eval's --ckpt_dir and --compare): the
+        folder, the code it would run, and the base model an adapter would load."""
+        problems = self.model_problems(flag, source)
         if problems or not os.path.isdir(source):
             return problems
-        saved = _args_of(source)
-        problems += self.remote_code_problems(bool(saved.get("trust_remote_code")),
-                                              f"{source} (trained with trust_remote_code)")
-        if saved.get("model") and not os.path.isfile(os.path.join(source, "config.json")):
-            problems += self.model_problems(f"{source}: its base model", saved["model"])
+        return self.trained_problems(source)
+
+    def trained_problems(self, folder: str, base: bool = True) -> list[str]:
+        """What a checkpoint folder would load beyond itself: code (trust_remote_code), and an
+        adapter's base model (base_problems; not when --model names the base instead)."""
+        return self.remote_code_problems(bool(_args_of(folder).get("trust_remote_code")),
+                                         f"{folder} (trained with trust_remote_code)"
+                                         ) + (self.base_problems(folder) if base else [])
+
+    def base_problems(self, folder: str) -> list[str]:
+        """The base model an adapter folder names, confined like --model, wherever it is named
+        (inference.checkpoints.describe takes the first that works): args.json's model_dir
+        and model (the folder's own and its run's) and adapter_config.json's
+        base_model_name_or_path. A folder that swiftlite built (its model cache) or, with
+        --allow_hub, downloaded (the hub cache) may be loaded, as --model's alias or hub id."""
+        if not os.path.isfile(os.path.join(folder, "adapter_config.json")):
+            return []  # a model folder: its own weights, checked as a path
+        names = [(_read_json(os.path.join(folder, "adapter_config.json")) or {}).get(
+            "base_model_name_or_path")]
+        for path in (os.path.join(folder, "args.json"),
+                     os.path.join(os.path.dirname(os.path.normpath(folder)), "args.json")):
+            saved = _read_json(path) or {}
+            names += [saved.get("model_dir"), saved.get("model")]
+        where, problems = f"{folder}: its base model", []
+        for name in dict.fromkeys(n for n in names if isinstance(n, str) and n.strip()):
+            local = os.path.expanduser(name)
+            if os.path.exists(local):
+                if not self.inside(local, self.readable() + self._model_caches()):
+                    problems.append(f"{where} {name}: outside {self._where()}")
+            elif not name.startswith(("/", ".", "~")):  # an alias or a hub id
+                problems += self.model_problems(where, name)
         return problems
+
+    def _model_caches(self) -> list[str]:
+        from swiftlite.runtime.paths import cache_dir
+        caches = [cache_dir("models")]
+        if self.allow_hub:
+            from huggingface_hub import constants
+            caches.append(constants.HF_HUB_CACHE)
+        return [os.path.realpath(c) for c in caches]
 
     def merge_problems(self, args, target: str | None) -> list[str]:
         problems = []
         if args.ckpt_dir:
             problems += self.path_problems("--ckpt_dir", args.ckpt_dir)
-            saved = _args_of(args.ckpt_dir)
-            problems += self.remote_code_problems(bool(saved.get("trust_remote_code")),
-                                                  f"{args.ckpt_dir} (trained with "
-                                                  "trust_remote_code)")
+            if not problems and os.path.isdir(args.ckpt_dir):
+                problems += self.trained_problems(args.ckpt_dir, base=not args.model)
         if args.model:
             problems += self.model_problems("--model", args.model)
         if args.exist_ok:
@@ -170,13 +203,20 @@ def _args_of(folder: str) -> dict:
     """The args.json a checkpoint keeps (its run's, or its own), or {}."""
     for path in (os.path.join(folder, "args.json"),
                  os.path.join(os.path.dirname(os.path.normpath(folder)), "args.json")):
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            continue
+        data = _read_json(path)
+        if data is not None:
+            return data
     return {}
+
+
+def _read_json(path: str) -> dict | None:
+    """A JSON file's object ({} for another JSON value), None if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return None
 
 
 def refuse(problems: list[str]) -> None:

@@ -160,9 +160,38 @@ def find_runs(root: str, depth: int = 3) -> list[str]:
     return sorted(found, key=lambda p: os.path.getmtime(p), reverse=True)
 
 
+# What a swiftlite child of the Web-UI (a run, a merge, an evaluation) takes from its
+# environment: the system's (paths, locale, proxies), Python's, torchrun's (nodes, master
+# address and port), the libraries' settings and caches (Hugging Face, torch, CUDA and the
+# other accelerators, threads, DeepSpeed) and swiftlite's own. Everything else stays in the
+# Web-UI: its login, and whatever the operator's shell holds (cloud keys, API tokens), which
+# a model's remote code could otherwise read.
+CHILD_ENV_NAMES = {
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "TEMP", "TMP", "LANG", "LANGUAGE",
+    "TZ", "TERM", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "VIRTUAL_ENV", "CONDA_PREFIX",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+    "TOKENIZERS_PARALLELISM", "CC", "CXX", "MAX_JOBS", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+    "http_proxy", "https_proxy", "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}  # training.launch.LAUNCH_VARS
+CHILD_ENV_PREFIXES = (
+    "LC_", "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_",
+    "ROCR_", "HIP_", "ROCM_", "ASCEND_", "NCCL_", "GLOO_", "KMP_", "MKL_", "OMP_", "ONEDNN_",
+    "DNNL_", "TCMALLOC_", "DS_", "DEEPSPEED_", "TRITON_", "BNB_", "SWIFTLITE_")
+
+
+def child_environ() -> dict:
+    """The Web-UI's environment as far as a swiftlite child needs it (CHILD_ENV_*), without
+    the login and without any secret-named variable (HF_TOKEN too: the hub's login is read
+    from its token file under HF_HOME)."""
+    from swiftlite.config.secrets import is_secret
+    return {k: v for k, v in os.environ.items()
+            if (k in CHILD_ENV_NAMES or k.startswith(CHILD_ENV_PREFIXES)) and k != AUTH_ENV
+            and not is_secret(k) and not k.upper().endswith(("_AUTH", "_CREDENTIALS"))}
+
+
 def child_env(nproc: int, run_dir: str) -> dict:
-    env = dict(os.environ)
-    env.pop(AUTH_ENV, None)  # the Web-UI's login is not the training run's business
+    env = child_environ()  # the Web-UI's login is not the training run's business
     env[RUN_DIR_ENV] = run_dir  # the folder chosen here is the one sft writes (see runtime/output.py)
     env["PYTHONUNBUFFERED"] = "1"  # the log streams while training, not at exit
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

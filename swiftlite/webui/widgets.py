@@ -3,7 +3,6 @@ errors of a form, and a `swiftlite` command run as a child process with its log.
 from __future__ import annotations
 
 import html
-import os
 import shlex
 import subprocess
 import sys
@@ -36,11 +35,14 @@ def command_log(prefix: str, label: str):
 
 def run_child(argv: list[str]):
     """Runs `swiftlite ARGV` as a child process (a command that loads a model; the Web-UI
-    process stays small): yields (the log so far, None) per line, then (the log, exit code)."""
+    process stays small): yields (the log so far, None) per line, then (the log, exit code).
+    It gets only the environment it needs (runs.child_environ): not the Web-UI's login."""
+    from swiftlite.webui.runs import child_environ
     text = "$ swiftlite " + shlex.join(argv) + "\n"
     proc = subprocess.Popen([sys.executable, "-m", "swiftlite.cli", *argv], text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            stdin=subprocess.DEVNULL,
+                            env={**child_environ(), "PYTHONUNBUFFERED": "1"})
     for line in proc.stdout:
         text += line
         yield text, None
