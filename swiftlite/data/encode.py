@@ -354,13 +354,31 @@ def show_sample(sample: dict, tokenizer) -> str:
             f"labels (trained part):\n{''.join(parts)}")
 
 
-def warn_if_end_of_turn_untrained(ds, template: ChatTemplate) -> None:
-    """The end-of-turn token must be trained, or the model never learns to stop."""
+def warn_if_end_of_turn_untrained(ds, template: ChatTemplate, max_length: int | None = None
+                                  ) -> int:
+    """The end-of-turn token must be trained, or the model never learns to stop: every
+    sample's last trained token should be it. Returns how many samples' is not, said with how
+    many of those reach --max_length (their last reply cut by truncation)."""
     eot = template.tokenizer(template.end_of_turn, add_special_tokens=False)["input_ids"] \
         if template.end_of_turn else []
     if not eot or len(ds) == 0:
-        return
-    sample = ds[0]["labels"]
-    if eot[-1] not in sample:
-        warn(f"the end-of-turn token {template.end_of_turn!r} is never trained in the first "
-             "sample: the model may not learn to stop. Check the template.")
+        return 0
+    import numpy as np
+    missing = cut = 0
+    rows = ds.iter(batch_size=1024) if hasattr(ds, "iter") else [
+        {"labels": [r["labels"] for r in ds]}]
+    for batch in rows:
+        for labels in batch["labels"]:
+            labels = np.asarray(labels)
+            trained = labels[labels != IGNORE_INDEX]
+            if len(trained) and trained[-1] == eot[-1]:
+                continue
+            missing += 1
+            cut += max_length is not None and len(labels) >= max_length
+    if missing:
+        why = (f"; {cut} of them reach --max_length {max_length}: truncation cut the end of "
+               "their last reply (raise --max_length, or --truncation_strategy delete drops "
+               "them)" if cut else "")
+        warn(f"{missing} of {len(ds)} samples do not end with a trained end-of-turn token "
+             f"{template.end_of_turn!r}{why}. A model that never learns it may not stop.")
+    return missing

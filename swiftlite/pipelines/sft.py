@@ -120,7 +120,8 @@ def _show(train_ds, enc_report, val_report, args: SftArguments, template, tokeni
         lengths = enc_report.lengths
         longest = max(range(len(lengths)), key=lengths.__getitem__)
         info(f"longest sample: #{longest}, {lengths[longest]} tokens")
-    warn_if_end_of_turn_untrained(train_ds, template)
+    if is_main_process():
+        warn_if_end_of_turn_untrained(train_ds, template, args.max_length)
 
 
 def _stream(args: SftArguments, template, tokenizer, num_proc: int):
