@@ -175,28 +175,39 @@ class CheckpointArgs(TrainerCallback):
             if os.path.isdir(ckpt):
                 if os.path.exists(src):
                     shutil.copy(src, os.path.join(ckpt, "args.json"))
-                problem = non_finite_adapter(ckpt)
+                problem = adapter_problem(ckpt)
                 if problem is None:
                     mark_complete(ckpt, state.global_step)
         problem = from_main(problem)  # also the second barrier: the checkpoint is marked
         if problem:
-            raise RunError(f"{problem}: it is not marked complete and is never resumed; "
-                           f"stopped ({_last_words(args)}). Try: lower --learning_rate.")
+            raise RunError(f"{problem[0]}: it is not marked complete and is never resumed; "
+                           f"stopped ({_last_words(args)}). {problem[1]}")
 
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-def non_finite_adapter(ckpt: str) -> str | None:
-    """What is wrong with a saved adapter's values (None: all finite, or no adapter). Full
-    weights are checked in memory before they are saved (NonFiniteLossGuard)."""
+def adapter_problem(ckpt: str) -> tuple[str, str] | None:
+    """(what is wrong with a saved adapter, what to try), or None (all finite and whole, or no
+    adapter). An empty tensor is a ZeRO-3 partition saved where the gathered weight belongs.
+    Full weights are checked in memory before they are saved (NonFiniteLossGuard)."""
     path = os.path.join(ckpt, ADAPTER_FILE)
     if not os.path.exists(path):
         return None
     import torch
     from safetensors import safe_open
-    bad = 0
+    bad, empty = 0, []
     with safe_open(path, framework="pt") as f:
         for name in f.keys():
-            bad += int((~torch.isfinite(f.get_tensor(name))).sum())
-    return f"{path} holds {bad:,} non-finite values" if bad else None
+            t = f.get_tensor(name)
+            bad += int((~torch.isfinite(t)).sum())
+            if t.numel() == 0:
+                empty.append(name)
+    if empty:
+        return (f"{path} holds {len(empty)} empty tensor(s) ({empty[0]}, ...): the ZeRO-3 "
+                "partitions, not the gathered weights", "Try: a DeepSpeed config with "
+                "stage3_gather_16bit_weights_on_model_save true (swiftlite's zero3 presets), "
+                "or zero2.")
+    if bad:
+        return f"{path} holds {bad:,} non-finite values", "Try: lower --learning_rate."
+    return None

@@ -34,3 +34,36 @@ def test_end_of_turn_trained_in_every_sample_or_counted(template, capfd):
                            use_cache=False)
     assert warn_if_end_of_turn_untrained(ds, template, 64) == 0
     assert "end-of-turn" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["whole", "zero3_partition", "non_finite"])
+def test_saved_adapter_checked_before_the_checkpoint_is_marked_complete(tmp_path, case):
+    """An adapter saved with an empty tensor (a ZeRO-3 partition where the gathered weight
+    belongs) or a non-finite value is never marked complete, and the run stops saying why;
+    a whole one is marked."""
+    import types
+
+    import torch
+    from safetensors.torch import save_file
+
+    from swiftlite.errors import RunError
+    from swiftlite.runtime.output import is_complete
+    from swiftlite.training.callbacks import ADAPTER_FILE, CheckpointArgs
+    ckpt = tmp_path / "checkpoint-3"
+    ckpt.mkdir()
+    a = torch.ones(8, 64)
+    b = {"whole": torch.zeros(64, 8), "zero3_partition": torch.empty(0),
+         "non_finite": torch.full((64, 8), float("nan"))}[case]
+    save_file({"base_model.model.q_proj.lora_A.weight": a,
+               "base_model.model.q_proj.lora_B.weight": b}, str(ckpt / ADAPTER_FILE))
+    args, state = types.SimpleNamespace(output_dir=str(tmp_path)), types.SimpleNamespace(
+        global_step=3)
+    callback = CheckpointArgs(str(tmp_path))
+    if case == "whole":
+        callback.on_save(args, state, None)
+        assert is_complete(str(ckpt))
+        return
+    with pytest.raises(RunError, match="empty tensor.*ZeRO-3 partitions.*stage3_gather"
+                       if case == "zero3_partition" else "non-finite.*--learning_rate"):
+        callback.on_save(args, state, None)
+    assert not is_complete(str(ckpt))
