@@ -17,6 +17,8 @@ COMMANDS = {
     "eval": ("swiftlite.pipelines.eval:main", "score a model or checkpoint: ROUGE, BLEU, exact "
                                               "match, tool calls, multiple choice, loss"),
     "merge-lora": ("swiftlite.pipelines.merge:main", "merge a LoRA checkpoint into a plain model"),
+    "export": ("swiftlite.pipelines.export:main", "export to GGUF (llama.cpp, LM Studio, Ollama) "
+                                                  "with an Ollama Modelfile"),
     "infer": ("swiftlite.pipelines.infer:main", "chat with a model or checkpoint, or batch-infer a "
                                                 "dataset"),
     "deploy": ("swiftlite.pipelines.deploy:main", "serve a model or checkpoints with an "
@@ -26,7 +28,7 @@ COMMANDS = {
     "web-ui": ("swiftlite.webui.app:main", "start the Gradio Web-UI"),
 }
 # Commands that run a model: worth tcmalloc's lower peak memory (see runtime/allocator.py).
-ALLOCATOR_COMMANDS = ("sft", "rlhf", "eval", "infer", "merge-lora", "deploy")
+ALLOCATOR_COMMANDS = ("sft", "rlhf", "eval", "infer", "merge-lora", "export", "deploy")
 
 
 def main(argv: list[str] | None = None) -> int:

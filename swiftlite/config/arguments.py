@@ -16,6 +16,7 @@ from swiftlite.config.data_args import DataArguments
 from swiftlite.config.deploy_args import DEPLOY_PT_BATCH, DeployArguments
 from swiftlite.config.estimate_args import EstimateArguments
 from swiftlite.config.eval_args import EvalArguments
+from swiftlite.config.export_args import ExportArguments
 from swiftlite.config.fields import arg
 from swiftlite.config.generation_args import GenerationArguments
 from swiftlite.config.infer_args import InferArguments
@@ -27,6 +28,7 @@ from swiftlite.config.train_args import TrainArguments
 from swiftlite.config.tuner_args import LoraArguments
 
 __all__ = ["DEPLOY_PT_BATCH", "QUANT_ZERO3", "DataArguments", "DeployArguments",
-           "EstimateArguments", "EvalArguments", "GenerationArguments", "InferArguments",
+           "EstimateArguments", "EvalArguments", "ExportArguments", "GenerationArguments",
+           "InferArguments",
            "LoraArguments", "MergeArguments", "ModelArguments", "PlacementArguments",
            "RlhfArguments", "SftArguments", "TrainArguments", "arg"]

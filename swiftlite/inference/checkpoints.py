@@ -43,6 +43,16 @@ class CheckpointInfo:
         return self.path if has_tok else self.model_dir
 
 
+def training_template(ckpt: CheckpointInfo, trust_remote_code: bool = False):
+    """(tokenizer, template) that render prompts as the checkpoint was trained: its own
+    tokenizer, its template and --system. What deploy's vLLM backend and export hand on (the
+    template's to_jinja() and stop_token_ids())."""
+    from swiftlite.data.template import get_template
+    from swiftlite.models.loader import load_tokenizer
+    tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust_remote_code)
+    return tokenizer, get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+
+
 def read_json(path: str) -> dict:
     if not os.path.exists(path):
         return {}

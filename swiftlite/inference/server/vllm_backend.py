@@ -65,11 +65,9 @@ def lora_rank(adapter_dirs) -> int:
 def write_serving_files(ckpt, workdir: str, trust_remote_code: bool = False) -> dict:
     """Writes the chat template and the generation config vLLM reads; returns what it found:
     {"chat_template", "generation_config", "tools", "tokenizer"}."""
-    from swiftlite.data.template import get_template
-    from swiftlite.models.loader import load_tokenizer
+    from swiftlite.inference.checkpoints import training_template
     tokenizer_dir = ckpt.tokenizer_dir()
-    tokenizer = load_tokenizer(tokenizer_dir, trust_remote_code)
-    template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+    tokenizer, template = training_template(ckpt, trust_remote_code)
     jinja = template.to_jinja()
     chat_path = os.path.join(workdir, "chat_template.jinja")
     with open(chat_path, "w", encoding="utf-8") as f:
