@@ -77,6 +77,8 @@ def serve_vllm(args: DeployArguments) -> int:
           if getattr(args, k) is not None}
     ckpt = describe(args.ckpt_dir, args.model, **kw)
     served = served_names(args, ckpt)
+    from swiftlite.inference.server.vllm_lora import check_adapters
+    check_adapters({name: path for name, path in served.items() if path is not None})
     info(f"serving {', '.join(served)} through vLLM at http://{args.host}:{args.port}/v1"
          + (" (API key required)" if args.api_key else ""))
     return vllm_backend.serve(args, ckpt, served)

@@ -67,3 +67,42 @@ def test_saved_adapter_checked_before_the_checkpoint_is_marked_complete(tmp_path
                        if case == "zero3_partition" else "non-finite.*--learning_rate"):
         callback.on_save(args, state, None)
     assert not is_complete(str(ckpt))
+
+
+def _adapter(model_dir, folder, **config):
+    """A real peft adapter of model_dir saved in folder."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    get_peft_model(base, LoraConfig(r=8, task_type="CAUSAL_LM", **config)).save_pretrained(
+        str(folder))
+    return str(folder)
+
+
+def test_deploy_vllm_names_adapters_vllm_cannot_serve(tmp_path):
+    """deploy --infer_backend vllm refuses, before anything starts, a checkpoint vLLM cannot
+    load as a LoRA adapter (DoRA, modules_to_save, an unconverted PiSSA, LoRA on the LM
+    head), naming what and the way out (merge first); a plain adapter passes."""
+    from swiftlite.config.parsing import build
+    from swiftlite.config.arguments import DeployArguments
+    from swiftlite.errors import UsageError
+    from swiftlite.inference.server.vllm_lora import check_adapters
+    from swiftlite.models.builtin import build as build_model
+    from swiftlite.pipelines.deploy import serve_vllm
+    model = build_model("tiny-qwen2.5")
+    plain = _adapter(model, tmp_path / "plain", target_modules=["q_proj", "v_proj"])
+    check_adapters({"plain": plain})
+    bad = _adapter(model, tmp_path / "bad", target_modules=["q_proj", "lm_head"],
+                   use_dora=True, modules_to_save=["embed_tokens"])
+    pissa = _adapter(model, tmp_path / "pissa", target_modules=["q_proj"],
+                     init_lora_weights="pissa_niter_1")
+    args = build(DeployArguments, {"ckpt_dir": bad, "model": model, "infer_backend": "vllm",
+                                   "adapters": [f"pissa={pissa}", f"plain={plain}"]})
+    with pytest.raises(UsageError) as e:
+        serve_vllm(args)
+    message = str(e.value)
+    assert "DoRA (use_dora)" in message and "modules_to_save embed_tokens" in message
+    assert "LoRA on lm_head" in message
+    assert "init_lora_weights pissa_niter_1 not converted" in message
+    assert f"swiftlite merge-lora --ckpt_dir {bad}" in message and "--infer_backend pt" in message
+    assert plain not in message
