@@ -5,15 +5,14 @@
   and system prompt + swiftlite.json -> logit check against the adapter -> rename into place.
 
 Everything is written into a hidden temporary folder next to the output and renamed at the
-end, so an interrupted or refused merge never leaves a folder that looks finished.
+end, so an interrupted or refused merge never leaves a folder that looks finished; an existing
+output folder is replaced (--exist_ok) only if an earlier merge wrote it and it holds nothing
+else (runtime.output_folder: the rule `swiftlite export` follows too).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 
 from swiftlite.config.arguments import MergeArguments
@@ -58,11 +57,14 @@ def run(args: MergeArguments) -> str:
     check_base(args, ckpt)
     out = os.path.abspath(args.output_dir or args.ckpt_dir.rstrip("/\\") + "-merged")
     _check_output(out, args, ckpt)
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with _target_lock(out):
-        _check_output(out, args, ckpt)  # another merge may have finished it meanwhile
-        _sweep_leftovers(out)
-        return _merge(args, ckpt, out, t0)
+    from swiftlite.runtime.output_folder import refuse_unless_replaceable, writing
+    refuse_unless_replaceable(out, COMMAND, args.exist_ok)  # an earlier merge's, or nothing
+    with writing(out, COMMAND) as tmp:  # one merge at a time into `out`
+        refuse_unless_replaceable(out, COMMAND, args.exist_ok)  # one may have finished it
+        return _merge(args, ckpt, out, tmp, t0)
+
+
+COMMAND = "merge-lora"  # the writer named in the output folder's marker (runtime.output_folder)
 
 
 def check_base(args, ckpt) -> None:
@@ -89,7 +91,7 @@ def check_base(args, ckpt) -> None:
     warn(f"{what}; merging anyway (--allow_base_mismatch true).")
 
 
-def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
+def _merge(args: MergeArguments, ckpt, out: str, tmp: str, t0: float) -> str:
     from swiftlite.export import streaming_merge as ms
     from swiftlite.models.safetensors_files import base_index, tensor_meta
     from swiftlite.models.loader import load_tokenizer, torch_dtype
@@ -118,37 +120,31 @@ def _merge(args: MergeArguments, ckpt, out: str, t0: float) -> str:
              "merging with peft's merge_and_unload instead (needs the whole model in memory).")
 
     info(f"merging {args.ckpt_dir} into {ckpt.base_dir} (fp32), saving {dtype_name} to {out}")
-    parent = os.path.dirname(out)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
-    try:
-        if plan is not None:
-            stats = ms.write_merged(tmp, plan, index, meta, out_dtype,
-                                    parse_size(args.max_shard_size))
-            if plan.untie:
-                config.tie_word_embeddings = False
-                info(f"the adapter changes {plan.untie[0]} and {plan.untie[1]} differently: the "
-                     "merged model stores them as two weights (tie_word_embeddings false)")
-        else:
-            stats = naive_merge(ckpt.base_dir, args.ckpt_dir, tmp, out_dtype, args.max_shard_size)
-            config.tie_word_embeddings = getattr(
-                AutoConfig.from_pretrained(tmp), "tie_word_embeddings", False)
-        config.dtype = dtype_name
-        config.use_cache = True
-        config.save_pretrained(tmp)
-        _save_generation_config(ckpt.base_dir, config, template, tokenizer, tmp)
-        tokenizer.chat_template = template.to_jinja()
-        tokenizer.save_pretrained(tmp)
-        with open(os.path.join(tmp, "swiftlite.json"), "w", encoding="utf-8") as f:
-            json.dump({"template": template.name, "system": template.saved_system,
-                       "is_chat": True, "torch_dtype": dtype_name,
-                       "merged_from": os.path.abspath(args.ckpt_dir),
-                       "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)
-        from swiftlite.runtime.output import fsync_tree
-        fsync_tree(tmp)  # on disk before it gets the final name
-        _replace(tmp, out, args.exist_ok)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if plan is not None:
+        stats = ms.write_merged(tmp, plan, index, meta, out_dtype,
+                                parse_size(args.max_shard_size))
+        if plan.untie:
+            config.tie_word_embeddings = False
+            info(f"the adapter changes {plan.untie[0]} and {plan.untie[1]} differently: the "
+                 "merged model stores them as two weights (tie_word_embeddings false)")
+    else:
+        stats = naive_merge(ckpt.base_dir, args.ckpt_dir, tmp, out_dtype, args.max_shard_size)
+        config.tie_word_embeddings = getattr(
+            AutoConfig.from_pretrained(tmp), "tie_word_embeddings", False)
+    config.dtype = dtype_name
+    config.use_cache = True
+    config.save_pretrained(tmp)
+    _save_generation_config(ckpt.base_dir, config, template, tokenizer, tmp)
+    tokenizer.chat_template = template.to_jinja()
+    tokenizer.save_pretrained(tmp)
+    with open(os.path.join(tmp, "swiftlite.json"), "w", encoding="utf-8") as f:
+        json.dump({"template": template.name, "system": template.saved_system,
+                   "is_chat": True, "torch_dtype": dtype_name,
+                   "merged_from": os.path.abspath(args.ckpt_dir),
+                   "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)
+    from swiftlite.runtime.output_folder import finish, write_marker
+    write_marker(tmp, COMMAND, merged_from=os.path.abspath(args.ckpt_dir))
+    finish(tmp, out)  # fsynced, then renamed into place
     info(f"merged {stats['merged']} LoRA weights into {stats['tensors']} tensors "
          f"({stats['bytes'] / 2**20:.0f} MiB, {len(stats['files'])} file(s)) in "
          f"{time.time() - t0:.1f} s: {out}")
@@ -193,63 +189,12 @@ def check_samples(template) -> list[list[int]]:
 
 
 def _check_output(out: str, args: MergeArguments, ckpt) -> None:
+    """Never into the checkpoint or the base model. A folder that exists already is
+    runtime.output_folder's question: only an earlier merge's is replaced (--exist_ok)."""
     ck, base = os.path.abspath(args.ckpt_dir), os.path.abspath(ckpt.base_dir)
     if out in (ck, base) or ck.startswith(out + os.sep) or base.startswith(out + os.sep):
         raise UsageError(f"--output_dir {out}: that would overwrite the checkpoint or the base "
                          "model; choose another folder.")
-    if os.path.exists(out) and not args.exist_ok:
-        raise UsageError(f"--output_dir {out} already exists. Remove it, choose another "
-                         "--output_dir, or pass --exist_ok true to replace it.")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(f"--output_dir {out} is a file, not a folder.")
-
-
-@contextlib.contextmanager
-def _target_lock(out: str):
-    """One merge at a time into one folder: a lock file beside it (.<name>.lock), removed
-    when the merge ends (a killed merge's stays, unlocked, and is reused)."""
-    import fcntl
-    path = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock")
-    with open(path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.seek(0)
-            who = lock.read().strip() or "?"
-            raise UsageError(f"another merge-lora (pid {who}) is writing {out}; wait for it "
-                             "to finish, or choose another --output_dir.") from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(str(os.getpid()))
-        lock.flush()
-        try:
-            yield
-        finally:
-            os.unlink(path)  # still held: a merge that opens it now is refused, not let in
-
-
-def _sweep_leftovers(out: str) -> None:
-    """Temp folders of earlier merges into `out` that were killed (their lock is free now)."""
-    parent, name = os.path.dirname(out), os.path.basename(out)
-    for entry in os.listdir(parent):
-        if entry.startswith((f".{name}.tmp-", f".{name}.old-")):
-            info(f"removing {entry}, left by a merge into {name} that did not finish")
-            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
-
-
-def _replace(tmp: str, out: str, exist_ok: bool) -> None:
-    """Move the finished folder into place; an old one is removed only after that worked."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the result is an ordinary folder
-    old = None
-    if os.path.exists(out):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old-", dir=os.path.dirname(out))
-        os.rmdir(old)
-        os.rename(out, old)
-    os.rename(tmp, out)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _embedding_names(config) -> tuple[str, str] | None:

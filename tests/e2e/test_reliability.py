@@ -210,7 +210,8 @@ def test_merge_killed_midway_leaves_nothing_and_two_merges_do_not_collide(tiny_r
     results = [(p.wait(300), p.stderr.read()) for p in procs]
     assert sorted(rc for rc, _ in results) == [0, 2], results
     (err,) = [e for rc, e in results if rc == 2]
-    assert "Traceback" not in err and ("another merge-lora" in err or "already exists" in err)
+    assert "Traceback" not in err and ("another swiftlite merge-lora" in err
+                                       or "already exists" in err)
     assert (out / "config.json").exists()
     leftovers = [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
     assert leftovers == []  # the killed merge's temp folder was swept
