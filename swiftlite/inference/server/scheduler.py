@@ -137,20 +137,23 @@ class Scheduler:
             try:
                 self._generate(batch)
             except Exception as e:  # a step of the whole batch: its own requests fail, no other
+                warn("generation failed:\n" + "".join(traceback.format_exception(e)))
                 for j in self._taken:
-                    self._failed(j, e)
+                    _end(j, "error", _error_text(e))
             finally:
                 self.busy, self._taken = 0, []
 
     def _failed(self, job: Job, e: Exception) -> None:
         if not job.answered:
             warn("generation failed:\n" + "".join(traceback.format_exception(e)))
-            _end(job, "error", f"internal error while generating ({type(e).__name__})")
+            _end(job, "error", _error_text(e))
 
     def _requeue(self, jobs: list[Job]) -> None:
         """Back to the head of the queue, each to be prefilled alone."""
         for j in jobs:
             j.solo = True
+        back = set(map(id, jobs))
+        self._taken = [j for j in self._taken if id(j) not in back]  # no longer this batch's
         with self._cond:
             self._waiting[:0] = jobs
 
@@ -308,6 +311,10 @@ class Scheduler:
         _end(j, "done", {"finish_reason": finish,
                          "completion_tokens": len(row.tokens) + (t in eng._eos)})
         return None
+
+
+def _error_text(e: Exception) -> str:
+    return f"internal error while generating ({type(e).__name__})"
 
 
 def _end(job: Job, kind: str, payload) -> None:
