@@ -55,6 +55,22 @@ def describe(config) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+def warn_unmergeable_bias(model, config) -> None:
+    """--lora_bias on layers without a bias of their own: peft merges a lora_B bias into the
+    base bias, so such an adapter cannot be merged (merge-lora, export) or served by vLLM."""
+    if not config.lora_bias:
+        return
+    from peft.tuners.lora import LoraLayer
+
+    from swiftlite.log import warn
+    names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                    if isinstance(m, LoraLayer) and getattr(m.get_base_layer(), "bias", 1) is None})
+    if names:
+        warn(f"--lora_bias on layers without a bias of their own ({' '.join(names)}): peft "
+             "cannot merge this adapter, so merge-lora and vLLM will not take it (serve it "
+             "with --infer_backend pt), unless --target_modules names layers with a bias")
+
+
 def mutated_init(config) -> bool:
     return str(config.init_lora_weights).lower().startswith(("pissa", "olora"))
 

@@ -43,6 +43,7 @@ def prepare_model(model, args, device: str | None = None, adapter: str | None = 
         except ValueError as e:
             from swiftlite.errors import UsageError
             raise UsageError(f"--target_modules {' '.join(args.target_modules)}: {e}") from None
+        lora_variants.warn_unmergeable_bias(model, config)
         if lora_variants.mutated_init(config):
             lora_variants.save_converted(model)
     speedups.apply(model, plan)

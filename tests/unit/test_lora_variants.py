@@ -107,6 +107,8 @@ def test_variant_equals_plain_peft_and_saves_for_plain_peft(tiny_qwen25, variant
     ours, log = _swiftlite_model(tiny_qwen25, _args(**ours_kw), capfd)
     plain = _peft_model(tiny_qwen25, peft_kw)
     assert log.count("--fused_lora steps aside") == (variant in ASIDE)
+    assert ("--lora_bias on layers without a bias of their own (down_proj gate_proj o_proj "
+            "up_proj)" in log) == ("lora_bias" in variant)
     fused = sum("_peft_forward" in vars(m) for m in ours.modules())
     assert (fused == 0) == (variant in ASIDE)
     loss, grads = _loss_and_grads(ours, batch, chunked=True)
