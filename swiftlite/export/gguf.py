@@ -110,6 +110,12 @@ def template_metadata(template) -> dict:
     return meta
 
 
+# How a child's OSError says that the output could not grow (ENOSPC, EDQUOT, EFBIG).
+_DISK_FULL = {"No space left on device": "the disk is full",
+              "Disk quota exceeded": "the disk quota of this user is used up",
+              "File too large": "a file would grow past the file size limit (ulimit -f)"}
+
+
 def _run(cmd: list[str], what: str, cwd: str | None = None) -> None:
     """A llama.cpp tool as a child process; its log is shown only when it fails."""
     env = {**os.environ, "PYTHONNOUSERSITE": "1"}
@@ -118,10 +124,11 @@ def _run(cmd: list[str], what: str, cwd: str | None = None) -> None:
                           stderr=subprocess.STDOUT, text=True, errors="replace")
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.strip().splitlines()[-25:])
-        if "No space left on device" in proc.stdout:
-            raise RunError(f"{what}: the disk is full ({tail.splitlines()[-1]}). Free some "
-                           "space or choose another --output_dir; nothing was written under "
-                           "the final name.")
+        for words, meaning in _DISK_FULL.items():
+            if words in proc.stdout:
+                raise RunError(f"{what}: {meaning} ({tail.splitlines()[-1].strip()}). Free "
+                               "some space or choose another --output_dir; nothing was "
+                               "written under the final name.")
         raise RunError(f"{what} failed (exit code {proc.returncode}):\n{tail}")
 
 

@@ -1,6 +1,7 @@
-"""The Export tab: merge a LoRA checkpoint into a plain model with `swiftlite merge-lora`, run as
-a child process (the merge loads a full model; the Web-UI process stays small), log streamed.
-The fields are MergeArguments' (the CLI's flags), like the Train form is SftArguments'."""
+"""The Export tab: merge a LoRA checkpoint into a plain model with `swiftlite merge-lora`, or
+export it to GGUF with `swiftlite export` (format and quant type), run as a child process (the
+merge loads a full model; the Web-UI process stays small), log streamed. The merge fields are
+MergeArguments' (the CLI's flags), like the Train form is SftArguments'."""
 from __future__ import annotations
 
 import dataclasses
@@ -51,6 +52,24 @@ def output_of(args) -> str | None:
     return os.path.normpath(args.ckpt_dir) + "-merged" if args.ckpt_dir else None
 
 
+def gguf_args(ckpt_dir: str, fmt: str, quant: str, policy):
+    """The GGUF export's ExportArguments (default output: <ckpt_dir>-gguf); one UsageError."""
+    from swiftlite.config.export_args import ExportArguments
+    from swiftlite.config.parsing import build
+    args = build(ExportArguments, {"ckpt_dir": (ckpt_dir or "").strip() or None, "format": fmt,
+                                   "quant": quant}, where="export")
+    problems = []
+    try:
+        args.validate()
+    except UsageError as e:
+        problems += [x.strip()[2:] for x in str(e).splitlines()[1:]]
+    target = os.path.normpath(args.ckpt_dir) + "-gguf" if args.ckpt_dir else None
+    problems += policy.merge_problems(args, target, suffix="-gguf")
+    if problems:
+        raise UsageError("invalid arguments:\n  - " + "\n  - ".join(problems))
+    return args, target
+
+
 def build(manager, policy) -> None:
     root = manager.root
     with gr.Tab("Export", id="export", elem_id="tab-export"):
@@ -61,8 +80,30 @@ def build(manager, policy) -> None:
         fields = merge_fields()
         widgets = field_widgets(fields, "export")
         merge_btn = gr.Button("Merge", variant="primary", elem_id="export-merge")
+        gr.Markdown("Or export it to GGUF for llama.cpp, LM Studio and Ollama (`swiftlite "
+                    "export`: the training template and end-of-turn token go into the file, an "
+                    "Ollama Modelfile beside it; needs `bash scripts/setup_llamacpp.sh`).")
+        from swiftlite.config.export_args import FORMATS, QUANTS
+        with gr.Row():
+            gguf_format = gr.Dropdown(list(FORMATS), value="gguf", label="format",
+                                      elem_id="export-format")
+            gguf_quant = gr.Dropdown(list(QUANTS), value="q4_k_m", label="quant",
+                                     elem_id="export-quant")
+        gguf_btn = gr.Button("Export GGUF", elem_id="export-gguf")
         result = gr.HTML(elem_id="export-result")
         log = command_log("export", "merge log")
+
+    def run(command, argv, doing, done, folder):
+        """The child's log as it runs, then where its output is (or that it failed)."""
+        yield f"<div>{doing}...</div>", ""
+        for text, rc in run_child([command, *argv]):
+            yield gr.skip(), text
+        if rc != 0:
+            yield (f"<div class='form-error'><b>{command} failed</b> (exit code {rc}); see the "
+                   "log below.</div>", text)
+            return
+        yield (f"<div class='form-ok'>{done}: <code id='export-folder'>"
+               f"{html.escape(folder)}</code></div>", text)
 
     def merge(ckpt_dir, *values):
         try:
@@ -70,15 +111,18 @@ def build(manager, policy) -> None:
         except SwiftliteError as e:
             yield errors_html(e), ""
             return
-        argv = ["merge-lora", *form.command_argv(args)]
-        yield "<div>Merging...</div>", ""
-        for text, rc in run_child(argv):
-            yield gr.skip(), text
-        if rc != 0:
-            yield (f"<div class='form-error'><b>merge-lora failed</b> (exit code {rc}); see the "
-                   "log below.</div>", text)
-            return
-        yield (f"<div class='form-ok'>Merged model: <code id='export-folder'>"
-               f"{html.escape(output_of(args))}</code></div>", text)
+        yield from run("merge-lora", form.command_argv(args), "Merging", "Merged model",
+                       output_of(args))
 
     merge_btn.click(merge, [ckpt, *widgets], [result, log])
+
+    def export_gguf(ckpt_dir, fmt, quant):
+        try:
+            args, target = gguf_args(ckpt_dir, fmt, quant, policy)
+        except SwiftliteError as e:
+            yield errors_html(e), ""
+            return
+        yield from run("export", form.command_argv(args), "Exporting", "GGUF and Modelfile",
+                       target)
+
+    gguf_btn.click(export_gguf, [ckpt, gguf_format, gguf_quant], [result, log])

@@ -175,7 +175,9 @@ class Policy:
             caches.append(constants.HF_HUB_CACHE)
         return [os.path.realpath(c) for c in caches]
 
-    def merge_problems(self, args, target: str | None) -> list[str]:
+    def merge_problems(self, args, target: str | None, suffix: str = "-merged") -> list[str]:
+        """merge-lora, or export to GGUF (suffix "-gguf"), from the Export tab: the checkpoint
+        and the base it loads confined, and only a new folder named *<suffix> in the root."""
         problems = []
         if args.ckpt_dir:
             problems += self.path_problems("--ckpt_dir", args.ckpt_dir)
@@ -190,9 +192,9 @@ class Policy:
             if not self.inside(target, [os.path.realpath(self.root)]):
                 problems.append(f"--output_dir {target}: must be inside the output root "
                                 f"{self.root}")
-            elif not os.path.basename(os.path.normpath(target)).endswith("-merged"):
-                problems.append(f"--output_dir {target}: the Web-UI writes merged models only "
-                                "to folders named *-merged")
+            elif not os.path.basename(os.path.normpath(target)).endswith(suffix):
+                problems.append(f"--output_dir {target}: the Web-UI writes exports only to "
+                                f"folders named *{suffix}")
             elif os.path.exists(target):
                 problems.append(f"--output_dir {target}: already exists; the Web-UI writes only "
                                 "new folders")

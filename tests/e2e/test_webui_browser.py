@@ -18,11 +18,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+import warnings
 
 import pytest
 from playwright.sync_api import expect
 
 from helpers.cli import CHAT_ROWS, REPO, write_jsonl
+from helpers.marks import HAS_LLAMACPP
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -248,6 +250,19 @@ def test_train_infer_eval_export_and_stop_in_a_browser(tmp_path, browser):
         assert os.path.isfile(os.path.join(merged, "config.json"))
         assert not os.path.exists(os.path.join(merged, "adapter_config.json"))
         shot(page, "export")
+        if HAS_LLAMACPP:  # GGUF: q8_0 is llama.cpp's converter alone (the k-quants: test_export)
+            field(page, "export-quant").click()
+            page.get_by_role("option", name="q8_0", exact=True).click()
+            text = click_and_wait(page, "export-gguf", "export-result",
+                                  "GGUF and Modelfile|fix|failed", 240)
+            assert "GGUF and Modelfile" in text, page.locator("#export-log textarea").input_value()
+            folder = page.locator("#export-folder").inner_text()
+            assert folder == ckpt + "-gguf", folder
+            name = f"{os.path.basename(run)}-checkpoint-{STEPS}-q8_0.gguf".lower()
+            assert sorted(os.listdir(folder)) == [".swiftlite-output.json", "Modelfile", name]
+            shot(page, "export-gguf")
+        else:
+            warnings.warn("no llama.cpp venv: the Export tab's GGUF step was not run")
 
         # Eval: the checkpoint against its base on "who are you" questions.
         who = os.path.join(root, "who.jsonl")

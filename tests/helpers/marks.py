@@ -1,7 +1,9 @@
-"""Skip marks for what this machine may lack: bf16 units, vLLM's venv."""
+"""Skip marks for what this machine may lack: bf16 units, vLLM's and llama.cpp's venvs, Go."""
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 
 import pytest
 
@@ -33,3 +35,19 @@ VLLM_FLAGS = ("--vllm_args=--enforce-eager", "--max_model_len", "1024")
 # the test of vLLM's process tree (test_deploy_vllm's SIGKILL) keeps vLLM's default layout.
 VLLM_ONE_PROCESS_ENV = {**VLLM_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 VLLM_ONE_PROCESS_FLAGS = (VLLM_FLAGS[0] + " --distributed-executor-backend uni", *VLLM_FLAGS[1:])
+
+
+# llama.cpp (its converter, runtime and quantizer) lives in a venv of its own
+# (scripts/setup_llamacpp.sh; CI makes it): `swiftlite export --format gguf` and its tests.
+LLAMACPP_VENV = os.environ.get("SWIFTLITE_LLAMACPP_VENV") or os.path.join(REPO, ".venv-llamacpp")
+LLAMACPP_PYTHON = os.path.join(LLAMACPP_VENV, "bin", "python")
+HAS_LLAMACPP = bool(
+    os.path.exists(os.path.join(LLAMACPP_VENV, "share", "llama.cpp", "convert_hf_to_gguf.py"))
+    and glob.glob(os.path.join(LLAMACPP_VENV, "lib", "python*", "site-packages", "llama_cpp",
+                               "lib", "libllama.so*")))
+needs_llamacpp = pytest.mark.skipif(not HAS_LLAMACPP,
+                                    reason="no llama.cpp venv: run bash scripts/setup_llamacpp.sh")
+# Ollama's TEMPLATE is Go text/template: rendered by Go itself (Debian's golang-go).
+needs_go = pytest.mark.skipif(shutil.which("go") is None,
+                              reason="no Go toolchain to render Ollama templates with: "
+                                     "apt-get install golang-go (scripts/test.sh does)")

@@ -2,13 +2,13 @@
 // a template (github.com/ollama/ollama template/template.go and api/types.go, restated here
 // because Ollama itself is not installable on these machines):
 //
-//   .System    the system messages, joined by "\n\n" (Ollama's collate)
-//   .Messages  the messages, consecutive ones of one role merged (tool results excepted),
-//              each with .Role, .Content, .Thinking, .ToolCalls (.Function.Name,
-//              .Function.Arguments), .ToolName
-//   .Tools     the tools (.Type, .Function with .Name, .Description, .Parameters)
-//   .Think, .IsThinkSet   Ollama's think option
-//   json       Ollama's one template function that the exported templates use
+//	.System    the system messages, joined by "\n\n" (Ollama's collate)
+//	.Messages  the messages, consecutive ones of one role merged (tool results excepted),
+//	           each with .Role, .Content, .Thinking, .ToolCalls (.Function.Name,
+//	           .Function.Arguments), .ToolName
+//	.Tools     the tools (.Type, .Function with .Name, .Description, .Parameters)
+//	.Think, .IsThinkSet   Ollama's think option
+//	json       Ollama's one template function that the exported templates use
 //
 // Input (stdin): {"template": "...", "messages": [OpenAI-shaped messages, with
 // "reasoning_content" as Ollama's thinking], "tools": [...], "think": null|true|false}.
