@@ -148,6 +148,19 @@ def _start_vllm(args: EvalArguments, out: str, target: str | None):
                             args, log, **overrides)
 
 
+def _check_vllm_can_serve(args: EvalArguments) -> None:
+    """deploy's pre-flight, before anything is written or started: an adapter (evaluated or
+    compared) that vLLM cannot serve as LoRA is refused with the way out."""
+    from swiftlite.inference.checkpoints import describe
+    from swiftlite.inference.server.vllm_lora import check_adapters
+    for name, ckpt_dir, model in (("evaluated", args.ckpt_dir, args.model),
+                                  ("--compare", args.compare, None)):
+        if ckpt_dir and os.path.isdir(ckpt_dir):
+            ckpt = describe(ckpt_dir, model)
+            if ckpt.kind == "adapter":
+                check_adapters({name: ckpt.path})
+
+
 def _load(args: EvalArguments, target: str | None = None, dtype: str | None = None):
     """The engine of the evaluated model, or of --compare's (a folder: a checkpoint or model
     folder; otherwise a model id or alias) in the first one's dtype unless --torch_dtype says."""
@@ -173,6 +186,8 @@ def run(args: EvalArguments) -> dict:
     from swiftlite.evaluation import report
     args.validate()
     sets = read_sets(args)  # bad data is reported before any model loads
+    if args.infer_backend == "vllm":
+        _check_vllm_can_serve(args)
     out = os.path.abspath(args.output_dir or os.path.join(
         args.ckpt_dir or "output", "eval", time.strftime("%Y%m%d-%H%M%S")))
     os.makedirs(out, exist_ok=True)

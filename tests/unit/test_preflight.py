@@ -1,6 +1,8 @@
 """#40's pre-flight checks: each fires on a case made to fail and stays silent on a good one."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -106,3 +108,21 @@ def test_deploy_vllm_names_adapters_vllm_cannot_serve(tmp_path):
     assert "init_lora_weights pissa_niter_1 not converted" in message
     assert f"swiftlite merge-lora --ckpt_dir {bad}" in message and "--infer_backend pt" in message
     assert plain not in message
+
+
+def test_eval_vllm_refuses_an_adapter_vllm_cannot_serve_before_it_starts(tmp_path):
+    """eval --infer_backend vllm takes deploy's pre-flight: a DoRA adapter is refused with the
+    way out before vLLM starts or anything is written."""
+    from swiftlite.errors import UsageError
+    from swiftlite.models.builtin import build as build_model
+    from swiftlite.pipelines.eval import eval as evaluate
+    model = build_model("tiny-qwen2.5")
+    dora = _adapter(model, tmp_path / "dora", target_modules=["q_proj"], use_dora=True)
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"},
+                                             {"role": "assistant", "content": "Hello"}]}) + "\n")
+    with pytest.raises(UsageError, match=r"DoRA \(use_dora\)[\s\S]*swiftlite merge-lora"):
+        evaluate(ckpt_dir=dora, model=model, eval_dataset=[str(data)], infer_backend="vllm",
+                 vllm_python=str(tmp_path / "no-vllm" / "python"),
+                 output_dir=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
