@@ -4,14 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# llama.cpp (converter, runtime, quantizer) for the export tests: built from source once per
+# machine (about 5 minutes on 2 cores), then skipped; SWIFTLITE_SKIP_LLAMACPP=1 leaves it out.
+# The build runs while the downloads below (vLLM, Debian packages) wait on the network.
+llamacpp_log=$(mktemp)
+llamacpp_pid=
+if [ "${SWIFTLITE_SKIP_LLAMACPP:-0}" != 1 ]; then
+  bash scripts/setup_llamacpp.sh >"$llamacpp_log" 2>&1 &
+  llamacpp_pid=$!
+fi
 # vLLM's CPU build in a venv of its own, for the --infer_backend vllm tests (about a minute;
 # SWIFTLITE_SKIP_VLLM=1 leaves it out and those tests skip, saying so).
 [ "${SWIFTLITE_SKIP_VLLM:-0}" = 1 ] || bash scripts/setup_vllm.sh \
   || echo "scripts/setup_vllm.sh failed: the vLLM tests will skip"
-# llama.cpp (converter, runtime, quantizer) for the export tests: built from source once per
-# machine (about 5 minutes on 2 cores), then skipped; SWIFTLITE_SKIP_LLAMACPP=1 leaves it out.
-[ "${SWIFTLITE_SKIP_LLAMACPP:-0}" = 1 ] || bash scripts/setup_llamacpp.sh \
-  || echo "scripts/setup_llamacpp.sh failed: the GGUF export tests will skip"
 # The Web-UI tests drive Debian's Chromium through Playwright (Playwright's own browser
 # download is not reachable offline); tcmalloc is the allocator swiftlite preloads when present
 # (lower peak memory, see swiftlite/runtime/allocator.py), and its tests need it; Go renders
@@ -36,4 +41,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 # Built here, with the rest of the setup, so that the suite's time is the tests'.
 .venv/bin/python scripts/build_deepspeed_ops.py \
   || echo "DeepSpeed's CPU ops did not build here: the first DeepSpeed tests will try again"
+if [ -n "$llamacpp_pid" ]; then
+  wait "$llamacpp_pid" && tail -2 "$llamacpp_log" \
+    || { tail -40 "$llamacpp_log"; echo "scripts/setup_llamacpp.sh failed: the GGUF export tests will skip"; }
+fi
+rm -f "$llamacpp_log"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"

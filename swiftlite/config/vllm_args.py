@@ -27,7 +27,7 @@ class BackendArguments:
         problems = []
         if self.quant_bits is not None and self.infer_backend == "vllm":
             problems.append("--quant_bits loads the base in bitsandbytes for the pt backend; "
-                            "for vLLM use the merged model (vLLM has its own quantization, "
+                            "for vLLM, serve the merged model (vLLM has its own quantization, "
                             "e.g. --vllm_args '--quantization bitsandbytes')")
         if self.infer_backend == "pt":
             problems += [f"--{k} is a vLLM setting; add --infer_backend vllm" for k in (

@@ -335,7 +335,9 @@ def test_lm_eval_local_completions_scores_through_the_server(smollm2, tmp_path, 
         took = time.monotonic() - t0
     finally:
         stop_server(proc)
-    assert took < 90, f"lm-eval took {took:.0f} s"
+    # a guard against requests that hang until lm-eval's retries give up, not a speed check
+    # (speed: benchmarks/; a loaded 2-core machine took 387 s once)
+    assert took < 900, f"lm-eval took {took:.0f} s"
     acc = out["results"]["swiftlite_capitals"]["acc,none"]
 
     # The same pairs through transformers: lm-eval's causal encoding (context + " " + choice
