@@ -65,7 +65,9 @@ def swiftlite(backend: str, model: str, data: str, work: str, a) -> dict:
            "--torch_dtype", "float32", "--eval_loss", "false", "--output_dir", out]
     env = {}
     if backend == "vllm":
-        cmd += ["--infer_backend", "vllm", "--max_model_len", "1024",
+        cmd += ["--infer_backend", "vllm", "--vllm_python", os.environ.get(
+                    "SWIFTLITE_VLLM_PYTHON", os.path.join(REPO, ".venv-vllm", "bin", "python")),
+                "--max_model_len", "1024",
                 "--vllm_args=--enforce-eager --distributed-executor-backend uni"]
         env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     wall, log = timed(cmd, env, out + ".log")
