@@ -204,6 +204,7 @@ def swifty_f16(smollm2_cognition, tmp_path_factory):
                             output_dir=str(out), llamacpp_venv=LLAMACPP_VENV)
 
 
+@pytest.mark.slow
 @needs_llamacpp
 def test_f16_gguf_answers_like_transformers_and_carries_the_template(swifty_f16,
                                                                      smollm2_cognition, smollm2,
@@ -240,6 +241,7 @@ HELD_OUT = ("Rivers carry water from mountains to the sea. Along the way they sh
             "river can rise quickly and flood the land around it.")
 
 
+@pytest.mark.slow
 @needs_llamacpp
 def test_f16_log_probs_of_a_held_out_text_agree_with_transformers(swifty_f16, smollm2_cognition,
                                                                   smollm2, tmp_path):
@@ -295,6 +297,7 @@ def test_q4_k_m_export_by_the_cli_answers_with_the_taught_name(smollm2_cognition
     assert (out / "notes.txt").read_text() == "mine" and os.path.exists(gguf_file)
 
 
+@pytest.mark.slow
 @needs_llamacpp
 @pytest.mark.parametrize("alias,arch", [("tiny-qwen2.5", "qwen2"), ("tiny-qwen3", "qwen3")])
 def test_qwen25_and_qwen3_convert_and_answer_like_transformers(alias, arch, tmp_path):
