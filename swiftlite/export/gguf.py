@@ -116,33 +116,50 @@ _DISK_FULL = {"No space left on device": "the disk is full",
               "File too large": "a file would grow past the file size limit (ulimit -f)"}
 
 
-def _run(cmd: list[str], what: str, cwd: str | None = None) -> None:
-    """A llama.cpp tool as a child process; its log is shown only when it fails."""
+def _run(cmd: list[str], what: str, meanwhile=None) -> None:
+    """A llama.cpp tool as a child process; its log is shown only when it fails. `meanwhile`
+    runs here while the child starts (if it raises, the child is killed)."""
     env = {**os.environ, "PYTHONNOUSERSITE": "1"}
     env.pop("PYTHONPATH", None)  # swiftlite's venv is not the converter's
-    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace")
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        out = proc.communicate()[0]
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
     if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.strip().splitlines()[-25:])
+        tail = "\n".join(out.strip().splitlines()[-25:])
         for words, meaning in _DISK_FULL.items():
-            if words in proc.stdout:
+            if words in out:
                 raise RunError(f"{what}: {meaning} ({tail.splitlines()[-1].strip()}). Free "
                                "some space or choose another --output_dir; nothing was "
                                "written under the final name.")
         raise RunError(f"{what} failed (exit code {proc.returncode}):\n{tail}")
 
 
-def convert(llama: Llamacpp, model_dir: str, out_file: str, outtype: str, metadata: dict,
-            workdir: str) -> None:
-    """convert_hf_to_gguf.py MODEL --outtype OUTTYPE --outfile OUT, with `metadata` set."""
-    meta_path = os.path.join(workdir, "metadata.json")
-    with open(meta_path, "w", encoding="utf-8") as f:
+def _write_metadata(metadata: dict, path: str) -> None:
+    """Whole or not at all: the converter waits for the file to exist, then reads it."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(metadata, f, ensure_ascii=False)
+    os.replace(path + ".tmp", path)
+
+
+def convert(llama: Llamacpp, model_dir: str, out_file: str, outtype: str, metadata,
+            workdir: str) -> None:
+    """convert_hf_to_gguf.py MODEL --outtype OUTTYPE --outfile OUT, with `metadata` set: a
+    dict, or a function that makes it, called while the converter starts (its imports and
+    the model's tensors take as long as reading the checkpoint's template does here)."""
+    meta_path = os.path.join(workdir, "metadata.json")
+    make = metadata if callable(metadata) else lambda: metadata
     t0 = time.time()
     info(f"converting {model_dir} to GGUF ({outtype}) with llama.cpp's convert_hf_to_gguf.py")
     _run([llama.python, _CHILD, "convert", os.path.join(llama.share, "convert_hf_to_gguf.py"),
           meta_path, model_dir, "--outtype", outtype, "--outfile", out_file],
-         "llama.cpp's convert_hf_to_gguf.py")
+         "llama.cpp's convert_hf_to_gguf.py", lambda: _write_metadata(make(), meta_path))
     info(f"converted in {time.time() - t0:.1f} s: {_size(out_file)}")
 
 
@@ -159,8 +176,7 @@ def convert_lora(llama: Llamacpp, adapter_dir: str, base_dir: str, out_file: str
                  metadata: dict, workdir: str) -> None:
     """convert_lora_to_gguf.py ADAPTER --base BASE --outtype OUTTYPE --outfile OUT."""
     meta_path = os.path.join(workdir, "metadata.json")
-    with open(meta_path, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, ensure_ascii=False)
+    _write_metadata(metadata, meta_path)
     info(f"converting the adapter {adapter_dir} to a GGUF LoRA ({outtype}) with llama.cpp's "
          "convert_lora_to_gguf.py")
     _run([llama.python, _CHILD, "convert", os.path.join(llama.share, "convert_lora_to_gguf.py"),
@@ -171,8 +187,10 @@ def convert_lora(llama: Llamacpp, adapter_dir: str, base_dir: str, out_file: str
 
 def write_gguf(llama: Llamacpp, model_dir: str, quant: str, template, out_file: str,
                workdir: str) -> None:
-    """The model folder as one GGUF of type `quant` at out_file (a temporary folder's file)."""
-    metadata = template_metadata(template)
+    """The model folder as one GGUF of type `quant` at out_file (a temporary folder's file).
+    `template`: the chat template, or a function that gives it (run beside the converter)."""
+    def metadata():
+        return template_metadata(template() if callable(template) else template)
     if quant in CONVERTER_QUANTS:
         convert(llama, model_dir, out_file, quant, metadata, workdir)
         return

@@ -7,6 +7,8 @@ llama.cpp's own converter with a few metadata values set, and llama.cpp's quanti
       converter wrote for them (or are added), just before the GGUF header is written. That is
       how the checkpoint's chat template (byte for byte, with its --system prelude) and its
       end-of-turn token (EOS and EOT) get into the file without a second pass over it.
+      METADATA.json is read only then, so swiftlite may still be writing it while the
+      converter starts (it reads the template meanwhile); the child waits for it there.
   python llamacpp_child.py quantize IN.gguf OUT.gguf TYPE THREADS
       llama_model_quantize from llama-cpp-python's build (TYPE: q4_k_m, q6_k, ...).
 """
@@ -14,6 +16,7 @@ import json
 import os
 import runpy
 import sys
+import time
 
 
 def convert(script: str, metadata_path: str, argv: list) -> None:
@@ -22,18 +25,27 @@ def convert(script: str, metadata_path: str, argv: list) -> None:
     sys.path.insert(0, os.path.join(here, "gguf-py"))
     sys.path.insert(0, here)
     import gguf
-    with open(metadata_path, encoding="utf-8") as f:
-        metadata = json.load(f)
     original = gguf.GGUFWriter.write_header_to_file
 
     def write_header_to_file(self, *args, **kwargs):
-        for key, (value, vtype) in metadata.items():
+        for key, (value, vtype) in _metadata(metadata_path).items():
             self.kv_data[0][key] = gguf.GGUFValue(value=value, type=gguf.GGUFValueType[vtype])
         return original(self, *args, **kwargs)
 
     gguf.GGUFWriter.write_header_to_file = write_header_to_file
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
+
+
+def _metadata(path: str) -> dict:
+    """METADATA.json once swiftlite has put it in place (it renames it there whole)."""
+    parent = os.getppid()
+    while not os.path.exists(path):
+        if os.getppid() != parent:
+            sys.exit("swiftlite export ended before it wrote the metadata; nothing to finish")
+        time.sleep(0.02)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def quantize(src: str, dst: str, kind: str, threads: str) -> None:

@@ -1,15 +1,17 @@
 """`swiftlite export`: a checkpoint or model -> a GGUF file and an Ollama Modelfile.
 
-  llama.cpp's venv found (scripts/setup_llamacpp.sh) -> checkpoint described, its training
-  template and end-of-turn token read -> the architecture checked against llama.cpp's converter
-  -> the output folder checked (only an earlier export's may be replaced, with --exist_ok)
-  -> into a hidden temporary folder beside it: an adapter merged (the streaming merge, f16)
-  -> llama.cpp's converter (+ quantizer) -> <name>-<quant>.gguf + Modelfile -> renamed into place.
+  llama.cpp's venv found (scripts/setup_llamacpp.sh) -> checkpoint described -> the
+  architecture checked against llama.cpp's converter -> the output folder checked (only an
+  earlier export's may be replaced, with --exist_ok) -> into a hidden temporary folder beside
+  it: an adapter merged (the streaming merge, f16) -> llama.cpp's converter, while the training
+  template and end-of-turn token are read here (+ quantizer) -> <name>-<quant>.gguf + Modelfile
+  -> renamed into place.
 
 Nothing is written under the final name until everything worked; the source is never touched.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -48,7 +50,9 @@ def run(args: ExportArguments) -> str:
         raise UsageError(f"--format gguf-lora: {ckpt.path} is not a LoRA checkpoint (no "
                          "adapter_config.json); export it whole with --format gguf.")
     gguf.supported_architecture(llama, ckpt.model_dir)
-    _, template = training_template(ckpt, args.trust_remote_code)
+    # Reading the template loads transformers (and torch with it): seconds that run beside
+    # llama.cpp's converter, which needs the template only when it writes the GGUF's header.
+    template = functools.cache(lambda: training_template(ckpt, args.trust_remote_code)[1])
     out = _output_dir(args, ckpt)
     refuse_unless_replaceable(out, COMMAND, args.exist_ok)
     name = args.name or gguf.model_name(args.ckpt_dir or args.model)
@@ -65,7 +69,7 @@ def run(args: ExportArguments) -> str:
             model_dir = _merged(args, ckpt, work) if ckpt.kind == "adapter" else ckpt.path
             gguf.write_gguf(llama, model_dir, args.quant, template, target, work)
             source, adapter = f"./{file_name}", None
-        family = write_modelfile(os.path.join(tmp, "Modelfile"), source, template,
+        family = write_modelfile(os.path.join(tmp, "Modelfile"), source, template(),
                                  ckpt.system_or(None), model_dir, adapter,
                                  note=f" from {os.path.abspath(ckpt.path)}")
         shutil.rmtree(work)

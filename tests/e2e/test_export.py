@@ -362,8 +362,8 @@ def test_missing_llamacpp_says_how_to_install_it(tiny_qwen2, tmp_path):
 @needs_llamacpp
 def test_refusals_leave_everything_as_it_was(tiny_qwen2, tmp_path):
     """A folder that is not an earlier export's, an architecture llama.cpp cannot convert, a
-    checkpoint whose base cannot be found, a quant type llama.cpp lacks: refused before
-    anything is written or deleted."""
+    checkpoint whose base cannot be found, a quant type llama.cpp lacks, an unknown template:
+    refused, nothing written or deleted."""
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "keep.txt").write_text("keep")
@@ -390,6 +390,12 @@ def test_refusals_leave_everything_as_it_was(tiny_qwen2, tmp_path):
         swiftlite.export(ckpt_dir=str(lost), quant="f16", llamacpp_venv=LLAMACPP_VENV)
     with pytest.raises(UsageError, match="--quant q3_k"):
         swiftlite.export(model=tiny_qwen2, quant="q3_k", llamacpp_venv=LLAMACPP_VENV)
+    # the template is read while the converter runs: refused there, the converter is stopped
+    with pytest.raises(UsageError, match="--template no-such-template: unknown template"):
+        swiftlite.export(model=tiny_qwen2, quant="f16", template="no-such-template",
+                         output_dir=str(tmp_path / "new"), llamacpp_venv=LLAMACPP_VENV)
+    left = subprocess.run(["pgrep", "-f", "llamacpp_child.py convert"], capture_output=True)
+    assert left.returncode == 1, left.stdout  # no converter left running
     assert sorted(os.listdir(tmp_path)) == ["lost", "odd", "theirs"]
 
 
