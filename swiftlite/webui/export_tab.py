@@ -91,7 +91,7 @@ def build(manager, policy) -> None:
                                      elem_id="export-quant")
         gguf_btn = gr.Button("Export GGUF", elem_id="export-gguf")
         result = gr.HTML(elem_id="export-result")
-        log = command_log("export", "merge log")
+        log = command_log("export", "log (merge-lora or export)")
 
     def run(command, argv, doing, done, folder):
         """The child's log as it runs, then where its output is (or that it failed)."""
