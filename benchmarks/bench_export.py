@@ -49,22 +49,8 @@ QUANTIZE = ("import sys, llama_cpp\n"
             "p.nthread = 2\n"
             "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), "
             "sys.argv[2].encode(), p))\n")
-LOGPROBS = ("import json, sys, numpy as np, llama_cpp, llama_cpp.llama as m\n"
-            "from llama_cpp import Llama\n"
-            # AMX hosts: llama.cpp's plain CPU buffers (ggml-org/llama.cpp#20824; docs/export.md)
-            "if ' amx_int8' in open('/proc/cpuinfo').read():\n"
-            "    d = llama_cpp.llama_model_default_params\n"
-            "    def p():\n"
-            "        x = d(); x.use_extra_bufts = False; return x\n"
-            "    m.llama_cpp.llama_model_default_params = p\n"
-            "ids = json.loads(sys.argv[2])\n"
-            "llm = Llama(model_path=sys.argv[1], n_ctx=1024, n_threads=2, logits_all=True, "
-            "verbose=False)\n"
-            "llm.eval(ids)\n"
-            "x = np.asarray(llm.scores[:len(ids) - 1], dtype=np.float64)\n"
-            "x -= x.max(1, keepdims=True)\n"
-            "lp = x - np.log(np.exp(x).sum(1, keepdims=True))\n"
-            "print(json.dumps(lp[np.arange(len(ids) - 1), ids[1:]].tolist()))\n")
+# llama.cpp's log-probs (with its AMX workaround): the export tests' helper, a standalone script
+LLAMACPP_RUN = os.path.join(REPO, "tests", "helpers", "llamacpp_generate.py")
 
 
 def emit(**rec):
@@ -161,8 +147,12 @@ def bench_ppl(work: str) -> None:
                                         "--llamacpp_venv", VENV),
                               check=True, capture_output=True, text=True)
         gguf = glob.glob(os.path.join(work, f"base-{quant}", "*.gguf"))[0]
-        got = json.loads(subprocess.run([LLAMA_PY, "-c", LOGPROBS, gguf, json.dumps(ids)],
-                                        check=True, capture_output=True, text=True).stdout)
+        job = os.path.join(work, f"logprobs-{quant}.json")
+        with open(job, "w") as f:
+            json.dump({"model": gguf, "logprobs": [ids]}, f)
+        got = json.loads(subprocess.run([LLAMA_PY, LLAMACPP_RUN, job], check=True,
+                                        capture_output=True, text=True
+                                        ).stdout.strip().splitlines()[-1])["logprobs"][0]
         assert path.returncode == 0 and len(got) == len(ref)
         emit(bench="ppl", quant=quant, tokens=len(ids),
              ppl=round(math.exp(-sum(got) / len(got)), 3),

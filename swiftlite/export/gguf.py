@@ -150,16 +150,15 @@ def _write_metadata(metadata: dict, path: str) -> None:
 
 def convert(llama: Llamacpp, model_dir: str, out_file: str, outtype: str, metadata,
             workdir: str) -> None:
-    """convert_hf_to_gguf.py MODEL --outtype OUTTYPE --outfile OUT, with `metadata` set: a
-    dict, or a function that makes it, called while the converter starts (its imports and
-    the model's tensors take as long as reading the checkpoint's template does here)."""
+    """convert_hf_to_gguf.py MODEL --outtype OUTTYPE --outfile OUT, with the metadata that
+    `metadata()` makes set; it is called while the converter starts (its imports and the
+    model's tensors take as long as reading the checkpoint's template does here)."""
     meta_path = os.path.join(workdir, "metadata.json")
-    make = metadata if callable(metadata) else lambda: metadata
     t0 = time.time()
     info(f"converting {model_dir} to GGUF ({outtype}) with llama.cpp's convert_hf_to_gguf.py")
     _run([llama.python, _CHILD, "convert", os.path.join(llama.share, "convert_hf_to_gguf.py"),
           meta_path, model_dir, "--outtype", outtype, "--outfile", out_file],
-         "llama.cpp's convert_hf_to_gguf.py", lambda: _write_metadata(make(), meta_path))
+         "llama.cpp's convert_hf_to_gguf.py", lambda: _write_metadata(metadata(), meta_path))
     info(f"converted in {time.time() - t0:.1f} s: {_size(out_file)}")
 
 
@@ -188,9 +187,9 @@ def convert_lora(llama: Llamacpp, adapter_dir: str, base_dir: str, out_file: str
 def write_gguf(llama: Llamacpp, model_dir: str, quant: str, template, out_file: str,
                workdir: str) -> None:
     """The model folder as one GGUF of type `quant` at out_file (a temporary folder's file).
-    `template`: the chat template, or a function that gives it (run beside the converter)."""
+    `template()` gives the chat template (called beside the converter)."""
     def metadata():
-        return template_metadata(template() if callable(template) else template)
+        return template_metadata(template())
     if quant in CONVERTER_QUANTS:
         convert(llama, model_dir, out_file, quant, metadata, workdir)
         return
