@@ -11,9 +11,12 @@ per second over that, and for swiftlite the generation time it logs ("answers ge
 The answers' mean length in tokens is reported too: rows/s compares tools only when their
 answers are about as long.
 
-The peers' venvs: benchmarks/peers/install_peers.sh msswift, then
-/tmp/bench_venvs/msswift/bin/pip install evalscope==1.10.0 ms-opencompass (ms-swift 4.6 needs
-EvalScope's EvalType.SERVICE, gone from 1.11; it lists datasets through ms-opencompass).
+The peers' venvs: benchmarks/peers/install_peers.sh msswift, then in that venv
+  pip install evalscope==1.10.0 "numpy>=2" "setuptools<81"   (ms-swift 4.6 needs EvalScope's
+      EvalType.SERVICE, gone from 1.11)
+  pip install --no-deps ms-opencompass                        (its numpy<2 pin breaks the venv)
+  pip install mmengine scikit-learn evaluate rank_bm25 sentence_transformers fuzzywuzzy h5py
+      (what ms-opencompass imports when ms-swift lists the datasets)
 vLLM: scripts/setup_vllm.sh.
 """
 from __future__ import annotations
