@@ -46,4 +46,9 @@ if [ -n "$llamacpp_pid" ]; then
     || { tail -40 "$llamacpp_log"; echo "scripts/setup_llamacpp.sh failed: the GGUF export tests will skip"; }
 fi
 rm -f "$llamacpp_log"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+# Two pytest workers (pytest-xdist), a test file each at a time: most of the suite waits on a
+# child process starting (a CLI, a server, a browser), so one worker left a core idle. The
+# trained checkpoints that files share are made once (tests/conftest.py: once).
+# SWIFTLITE_TEST_WORKERS=0 runs in this process, as plain pytest does.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
+  -n "${SWIFTLITE_TEST_WORKERS:-2}" --dist loadfile "$@"

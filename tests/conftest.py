@@ -8,10 +8,12 @@ swiftlite as a user does (the CLI, a server, a browser, several processes). The 
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 
 import pytest
+from filelock import FileLock
 
 from helpers.cli import CHAT_ROWS, REPO, run_cli, write_jsonl
 from helpers.marks import VLLM_PYTHON
@@ -27,6 +29,21 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 _BIN = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
+
+
+def once(tmp_path_factory, name: str, make):
+    """A session fixture's value made once for the whole run: under pytest-xdist (`-n 2`) the
+    first worker to ask makes it and the others wait for it and reuse it, instead of training the
+    same checkpoint once per worker. The value must pickle; make() writes under tmp_path_factory."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return make()
+    shared = tmp_path_factory.getbasetemp().parent / f"{name}.pickle"  # the run's, not a worker's
+    with FileLock(f"{shared}.lock"):
+        if shared.exists():
+            return pickle.loads(shared.read_bytes())
+        value = make()
+        shared.write_bytes(pickle.dumps(value))
+        return value
 
 
 @pytest.fixture(scope="session")
@@ -50,12 +67,13 @@ def chat_jsonl(tmp_path_factory) -> str:
 def tiny_run(tmp_path_factory, tiny_qwen2, chat_jsonl):
     """A finished tiny-qwen2 LoRA run (8 steps, checkpoints at 4 and 8)."""
     import swiftlite
-    out = tmp_path_factory.mktemp("tiny_run")
-    return swiftlite.sft(model="tiny-qwen2", dataset=[chat_jsonl + "#32"], max_steps=8,
-                         per_device_train_batch_size=4, gradient_accumulation_steps=1,
-                         learning_rate=2e-2, save_steps=4, logging_steps=1,
-                         # fp32 even on a bf16 CPU: the merge tests check logits to 1e-4
-                         torch_dtype="float32", output_dir=str(out))  # default report_to: tensorboard (runs/)
+    return once(tmp_path_factory, "tiny_run", lambda: swiftlite.sft(
+        model="tiny-qwen2", dataset=[chat_jsonl + "#32"], max_steps=8,
+        per_device_train_batch_size=4, gradient_accumulation_steps=1,
+        learning_rate=2e-2, save_steps=4, logging_steps=1,
+        # fp32 even on a bf16 CPU: the merge tests check logits to 1e-4
+        torch_dtype="float32",
+        output_dir=str(tmp_path_factory.mktemp("tiny_run"))))  # default report_to: tensorboard (runs/)
 
 
 # -- servers (swiftlite deploy in a child process) -----------------------------------------------
@@ -107,6 +125,10 @@ SELF_COGNITION_RECIPE = [
 @pytest.fixture(scope="session")
 def smollm2_cognition(tmp_path_factory, smollm2) -> dict:
     """Two SmolLM2 LoRA checkpoints that learned a name each: {"Swifty": dir, "Robin": dir}."""
+    return once(tmp_path_factory, "smollm2_cognition", lambda: _train_cognition(tmp_path_factory))
+
+
+def _train_cognition(tmp_path_factory) -> dict:
     out = {}
     # Swifty is the README's recipe; "Robin" is not learned in 4 steps (SmolLM2 says "Alex").
     for name, steps in (("Swifty", "4"), ("Robin", "8")):
@@ -120,8 +142,8 @@ def smollm2_cognition(tmp_path_factory, smollm2) -> dict:
 
 
 @pytest.fixture(scope="session")
-def smollm2_merged(smollm2_cognition):
+def smollm2_merged(tmp_path_factory, smollm2_cognition):
     """Swifty merged into SmolLM2: (folder, merge-lora's stdout)."""
     ckpt = smollm2_cognition["Swifty"]
-    r = run_cli("merge-lora", "--ckpt_dir", ckpt)
-    return ckpt + "-merged", r.stdout
+    return once(tmp_path_factory, "smollm2_merged",
+                lambda: (ckpt + "-merged", run_cli("merge-lora", "--ckpt_dir", ckpt).stdout))
