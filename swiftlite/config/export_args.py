@@ -29,6 +29,9 @@ class ExportArguments:
     system: Optional[str] = same_as(MergeArguments, "system", help="system prompt to put into "
                                     "the GGUF's template and the Modelfile's SYSTEM (default: "
                                     "the training one)")
+    enable_thinking: Optional[bool] = same_as(MergeArguments, "enable_thinking", help="Qwen3's "
+                                              "thinking mode: the GGUF template's default and "
+                                              "the Modelfile's (default: the training one)")
     format: str = arg("gguf", "gguf: the whole model as one GGUF (llama.cpp, LM Studio, "
                       "Ollama); gguf-lora: the adapter alone (llama.cpp's --lora, Ollama's "
                       "ADAPTER), for a GGUF of its base model", choices=FORMATS, group="export")

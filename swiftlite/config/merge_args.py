@@ -21,6 +21,9 @@ class MergeArguments:
                                   "(default: the training one)", group="model")
     system: Optional[str] = arg(None, "default system prompt to write (default: the training "
                                 "one)", group="model")
+    enable_thinking: Optional[bool] = arg(None, "Qwen3's thinking mode to write into the merged "
+                                          "template as its default (default: the training one)",
+                                          group="model")
     torch_dtype: str = arg("auto", "dtype of the saved weights; auto: the training dtype (the "
                            "merge itself is always fp32)", choices=("auto", "bfloat16", "float16",
                                                                     "float32"), group="model")

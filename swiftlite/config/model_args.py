@@ -18,6 +18,12 @@ class ModelArguments:
                                   "template, else 'default'", group="model")
     system: Optional[str] = arg(None, "default system prompt (replaces the template's)",
                                 group="model")
+    enable_thinking: Optional[bool] = arg(None, "Qwen3's thinking mode, passed to its chat "
+                                          "template: false puts an empty think block into the "
+                                          "prompt, so replies are trained and generated without "
+                                          "reasoning; default: the template's (thinking), and "
+                                          "for a checkpoint the setting it was trained with",
+                                          group="model")
     torch_dtype: str = arg("auto", "weights dtype; auto: bf16 on Ampere+ GPUs and Ascend, fp16 "
                            "on T4/V100; on CPU fp32, but LoRA training on AMX/AVX-512-BF16 CPUs gets a "
                            "bf16 base with fp32 activations (faster: docs/performance.md)",

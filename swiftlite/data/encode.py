@@ -354,21 +354,26 @@ def show_sample(sample: dict, tokenizer) -> str:
             f"labels (trained part):\n{''.join(parts)}")
 
 
-def warn_if_end_of_turn_untrained(ds, template: ChatTemplate, max_length: int | None = None
-                                  ) -> int:
+# args.json's dataset_report: how many samples do not end with a trained end-of-turn token
+UNTRAINED_END_OF_TURN = "end_of_turn_untrained"
+
+
+def warn_if_end_of_turn_untrained(ds, template: ChatTemplate, max_length: int | None = None,
+                                  column: str = "labels", what: str = "samples") -> int:
     """The end-of-turn token must be trained, or the model never learns to stop: every
-    sample's last trained token should be it. Returns how many samples' is not, said with how
-    many of those reach --max_length (their last reply cut by truncation)."""
+    sample's last trained token should be it (column: the labels to look at, e.g. a pair's
+    chosen_labels). Returns how many samples' is not, said with how many of those reach
+    --max_length (their last reply cut by truncation)."""
     eot = template.tokenizer(template.end_of_turn, add_special_tokens=False)["input_ids"] \
         if template.end_of_turn else []
     if not eot or len(ds) == 0:
         return 0
     import numpy as np
     missing = cut = 0
-    rows = ds.iter(batch_size=1024) if hasattr(ds, "iter") else [
-        {"labels": [r["labels"] for r in ds]}]
+    rows = ds.select_columns([column]).iter(batch_size=1024) if hasattr(ds, "iter") else [
+        {column: [r[column] for r in ds]}]
     for batch in rows:
-        for labels in batch["labels"]:
+        for labels in batch[column]:
             labels = np.asarray(labels)
             trained = labels[labels != IGNORE_INDEX]
             if len(trained) and trained[-1] == eot[-1]:
@@ -379,6 +384,6 @@ def warn_if_end_of_turn_untrained(ds, template: ChatTemplate, max_length: int | 
         why = (f"; {cut} of them reach --max_length {max_length}: truncation cut the end of "
                "their last reply (raise --max_length, or --truncation_strategy delete drops "
                "them)" if cut else "")
-        warn(f"{missing} of {len(ds)} samples do not end with a trained end-of-turn token "
+        warn(f"{missing} of {len(ds)} {what} do not end with a trained end-of-turn token "
              f"{template.end_of_turn!r}{why}. A model that never learns it may not stop.")
     return missing

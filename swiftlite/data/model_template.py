@@ -25,6 +25,7 @@ from swiftlite.errors import UsageError
 OWN = "model"  # --template value and args.json name for the model's own chat template
 _SENTINEL = "\ue000\ue001swiftlite\ue002"  # private-use characters: in no real text
 _PROBE = "\ue003probe\ue004"
+THINKING_SWITCH = "enable_thinking"  # the template variable of Qwen3's thinking mode
 
 
 def chat_template_text(tokenizer) -> str | None:
@@ -68,14 +69,25 @@ class ModelTemplate(ChatTemplate):
 
     name = OWN
 
-    def __init__(self, tokenizer, system: str | None = None, fast=None):
+    def __init__(self, tokenizer, system: str | None = None, fast=None,
+                 enable_thinking: bool | None = None):
         self.tokenizer = tokenizer
         self.source = chat_template_text(tokenizer)
         if not self.source:
             raise UsageError("the model has no chat template of its own; pass --template "
                              "(e.g. --template default for a base model).")
         self.system = system  # --system: put in where a conversation has no system message
-        self.fast = fast
+        # A template that to_jinja() saved: the lines a run put first, and the model's own.
+        *self._saved_preludes, self.model_source = _split_preludes(self.source)
+        if enable_thinking is not None and THINKING_SWITCH not in self.model_source:
+            raise UsageError(f"--enable_thinking {str(enable_thinking).lower()}: this model's chat "
+                             f"template has no {THINKING_SWITCH} switch (Qwen3's has); leave the "
+                             "flag out.")
+        # --enable_thinking: passed to the template as apply_chat_template's keyword (Qwen3:
+        # false puts an empty think block into the prompt, so the reply after it is trained
+        # and generated without one); None leaves the template's own default.
+        self.enable_thinking = enable_thinking
+        self.fast = fast if enable_thinking is None else None  # proven for the default only
         self.supports_tools = "tool" in self.source
         self.header = self._generation_header()
         self.end_of_turn = self._end_of_turn()
@@ -84,9 +96,11 @@ class ModelTemplate(ChatTemplate):
 
     # -- probes -----------------------------------------------------------------------------
     def _raw(self, messages, tools=None, add_generation_prompt=False) -> str:
+        switch = {} if self.enable_thinking is None else {THINKING_SWITCH: self.enable_thinking}
         try:
             return self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt)
+                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt,
+                **switch)
         except Exception as e:  # jinja2's TemplateError, or a KeyError/TypeError inside it
             msg = getattr(e, "message", None) or str(e) or type(e).__name__
             raise TemplateRejected(msg) from None
@@ -173,21 +187,44 @@ class ModelTemplate(ChatTemplate):
 
     # -- identity and export ----------------------------------------------------------------
     def fingerprint(self) -> str:
-        return json.dumps([OWN, fingerprint(self.source), self.system])
+        return json.dumps([OWN, fingerprint(self.model_source), self.system, self.enable_thinking])
 
     def describe(self) -> str:
-        return f"the model's own chat template (sha256 {fingerprint(self.source)[:12]})"
+        thinking = ("" if self.enable_thinking is None else
+                    f", {THINKING_SWITCH}={str(self.enable_thinking).lower()}")
+        return (f"the model's own chat template (sha256 {fingerprint(self.model_source)[:12]}"
+                f"{thinking})")
 
     @property
     def saved_system(self) -> str | None:
         return self.system  # None: the template's own behaviour
 
     def to_jinja(self) -> str:
-        """The model's template byte for byte; with --system, a first line puts that system
-        message in where a conversation has none, as it was trained."""
-        if self.system is None:
-            return self.source
-        prelude = ("{%- if not messages or messages[0]['role'] != 'system' %}{%- set messages = "
-                   "[{'role': 'system', 'content': " + json.dumps(self.system, ensure_ascii=False)
-                   + "}] + messages %}{%- endif %}")
-        return self.source if self.source.startswith(prelude) else prelude + self.source
+        """The model's template byte for byte, after a first line for each setting the run
+        had: with --system, that system message where a conversation has none; with
+        --enable_thinking, that setting where the caller passes none (a caller's still wins)."""
+        system, thinking = self._saved_preludes  # kept unless this template sets its own
+        if self.system is not None:
+            system = (_SYSTEM_PRELUDE + json.dumps(self.system, ensure_ascii=False)
+                      + "}] + messages %}{%- endif %}")
+        if self.enable_thinking is not None:
+            thinking = _THINKING_PRELUDE.format(str(self.enable_thinking).lower())
+        return system + thinking + self.model_source
+
+
+_SYSTEM_PRELUDE = ("{%- if not messages or messages[0]['role'] != 'system' %}{%- set messages = "
+                   "[{'role': 'system', 'content': ")
+_THINKING_PRELUDE = ("{{%- if " + THINKING_SWITCH + " is not defined %}}{{%- set " + THINKING_SWITCH
+                     + " = {} %}}{{%- endif %}}")
+
+
+def _split_preludes(source: str) -> tuple[str, str, str]:
+    """(system prelude, thinking prelude, the model's template) of a template that to_jinja()
+    wrote; a prelude it did not write is ""."""
+    def take(source: str, matches: bool) -> tuple[str, str]:
+        end = source.find("{%- endif %}") + len("{%- endif %}")
+        return (source[:end], source[end:]) if matches and end > len("{%- endif %}") else ("", source)
+    system, source = take(source, source.startswith(_SYSTEM_PRELUDE))
+    thinking, source = take(source, any(source.startswith(_THINKING_PRELUDE.format(v))
+                                        for v in ("true", "false")))
+    return system, thinking, source

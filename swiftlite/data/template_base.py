@@ -34,6 +34,7 @@ class ChatTemplate:
     """
 
     loss_scale = "default"
+    enable_thinking = None  # the thinking switch of a model's own template (ModelTemplate)
 
     @property
     def saved_system(self) -> str | None:

@@ -77,6 +77,12 @@ GO_QWEN25 = (
     "</tool_call>\n{{- end }}<|im_end|>\n" + _QWEN_TAIL +
     '{{- if ne $prev "assistant" }}<|im_start|>assistant\n{{ end }}')
 
+# The empty think block of a reply without reasoning: when the request says think=false
+# (the template's default is thinking), or, for a run trained with --enable_thinking false,
+# unless the request says think=true.
+_THINK_OFF_WHEN_ASKED = "{{ if and $.IsThinkSet (not $.Think) }}"
+_THINK_OFF_UNLESS_ASKED = "{{ if not (and $.IsThinkSet $.Think) }}"
+
 # Qwen3: reasoning is shown only after the last user turn (as the Jinja's last_query_index;
 # a user turn that is a wrapped <tool_response> counts as a query here), and the final
 # assistant turn opens a think block. Ollama's think=false is the Jinja's enable_thinking=false.
@@ -97,8 +103,7 @@ GO_QWEN3 = (
     '{"name": "{{ $c.Function.Name }}", "arguments": {{ json $c.Function.Arguments }}}\n'
     "</tool_call>\n{{- end }}<|im_end|>\n" + _QWEN_TAIL +
     '{{- if ne $prev "assistant" }}<|im_start|>assistant\n'
-    "{{ if $.IsThinkSet }}{{ if not $.Think }}<think>\n\n</think>\n\n{{ end }}{{ end }}"
-    "{{- end }}")
+    + _THINK_OFF_WHEN_ASKED + "<think>\n\n</think>\n\n{{ end }}{{- end }}")
 
 
 def _go_text(text: str) -> str:
@@ -137,24 +142,17 @@ def go_from_pieces(spec, eos: str) -> str:
     return "".join(out)
 
 
-def strip_prelude(source: str) -> str:
-    """A model template without swiftlite's --system prelude (ModelTemplate.to_jinja)."""
-    head = "{%- if not messages or messages[0]['role'] != 'system' %}{%- set messages = "
-    if source.startswith(head):
-        end = source.find("{%- endif %}")
-        if end >= 0:
-            return source[end + len("{%- endif %}"):]
-    return source
-
-
 def go_template(template) -> tuple[str | None, str]:
     """(the Go template, which family) or (None, why not)."""
     from swiftlite.data.template import ModelTemplate, fingerprint
     eos = template.tokenizer.eos_token or ""
     if isinstance(template, ModelTemplate):
-        digest = fingerprint(strip_prelude(template.source))
+        digest = fingerprint(template.model_source)
         if digest in QWEN25:
             return GO_QWEN25, "Qwen2.5 (tools, <tool_call>)"
+        if digest in QWEN3 and template.enable_thinking is False:
+            return (GO_QWEN3.replace(_THINK_OFF_WHEN_ASKED, _THINK_OFF_UNLESS_ASKED),
+                    "Qwen3 (tools, <tool_call>, <think>; thinking off unless asked, as trained)")
         if digest in QWEN3:
             return GO_QWEN3, "Qwen3 (tools, <tool_call>, <think>)"
         if template.fast is not None and not template.supports_tools:

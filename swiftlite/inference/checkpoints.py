@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from swiftlite.errors import UsageError
 
 _UNSET = object()
+# The arguments that choose how prompts are rendered (infer, deploy, eval, merge, export)
+TEMPLATE_FIELDS = ("template", "system", "enable_thinking")
 
 
 @dataclass
@@ -27,6 +29,8 @@ class CheckpointInfo:
     torch_dtype: str | None = None  # the training dtype, if known
     run_args: dict = field(default_factory=dict)
     is_chat: bool = True
+    enable_thinking: bool | None = None  # the thinking switch it was trained with (None: default)
+    thinking_known: bool = False  # args.json / swiftlite.json says how it was trained
 
     @property
     def model_dir(self) -> str:
@@ -35,6 +39,12 @@ class CheckpointInfo:
 
     def system_or(self, default):
         return default if self.system is _UNSET else self.system
+
+    def template_for(self, tokenizer):
+        """The template that renders prompts as this checkpoint was trained (or as overridden)."""
+        from swiftlite.data.template import get_template
+        return get_template(self.template, tokenizer, system=self.system_or(None),
+                            enable_thinking=self.enable_thinking)
 
     def tokenizer_dir(self) -> str:
         """The checkpoint's own tokenizer (it carries the training chat template) if saved."""
@@ -47,10 +57,22 @@ def training_template(ckpt: CheckpointInfo, trust_remote_code: bool = False):
     """(tokenizer, template) that render prompts as the checkpoint was trained: its own
     tokenizer, its template and --system. What deploy's vLLM backend and export hand on (the
     template's to_jinja() and stop_token_ids())."""
-    from swiftlite.data.template import get_template
     from swiftlite.models.loader import load_tokenizer
     tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust_remote_code)
-    return tokenizer, get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+    return tokenizer, ckpt.template_for(tokenizer)
+
+
+def warn_if_trained_without_end_of_turn(path: str) -> None:
+    """merge-lora's and deploy's pre-flight: a checkpoint whose run had samples that did not
+    end with a trained end-of-turn token (args.json's count) gives a model that may not stop."""
+    from swiftlite.data.encode import UNTRAINED_END_OF_TURN
+    report = read_json(os.path.join(path, "args.json")).get("dataset_report") or {}
+    missing = report.get(UNTRAINED_END_OF_TURN)
+    if missing:
+        from swiftlite.log import warn
+        warn(f"{path} was trained on {missing} samples "
+             "whose reply did not end with a trained end-of-turn token (see the run's log): it "
+             "may not stop by itself. Generation still ends at --max_new_tokens.")
 
 
 def read_json(path: str) -> dict:
@@ -64,7 +86,8 @@ def read_json(path: str) -> dict:
 
 
 def describe(ckpt_dir: str | None = None, model: str | None = None, *, template: str | None = None,
-             system=_UNSET, torch_dtype: str | None = None) -> CheckpointInfo:
+             system=_UNSET, torch_dtype: str | None = None,
+             enable_thinking: bool | None = None) -> CheckpointInfo:
     """Resolve --ckpt_dir / --model (+ overrides) to a CheckpointInfo. Raises UsageError."""
     from swiftlite.models.loader import is_adapter_dir
     from swiftlite.models.registry import resolve_model
@@ -79,8 +102,13 @@ def describe(ckpt_dir: str | None = None, model: str | None = None, *, template:
                               torch_dtype=saved.get("torch_dtype"))
         if "system" in saved:
             info.system = saved["system"]
+        info.enable_thinking = saved.get("enable_thinking")
+        info.thinking_known = "enable_thinking" in saved
     else:
         info = _describe_folder(ckpt_dir, model)
+    if enable_thinking is not None:
+        _warn_if_thinking_differs(info, enable_thinking)
+        info.enable_thinking = enable_thinking
     if template:
         info.template = template
     if system is not _UNSET and system is not None:
@@ -127,7 +155,20 @@ def _describe_folder(ckpt_dir: str, model: str | None) -> CheckpointInfo:
         if "system" in src:
             info.system = src["system"]
             break
+    info.enable_thinking = args.get("enable_thinking", saved.get("enable_thinking"))
+    info.thinking_known = "enable_thinking" in args or "enable_thinking" in saved
     return info
+
+
+def _warn_if_thinking_differs(info: CheckpointInfo, asked: bool) -> None:
+    """Qwen3 trained with thinking and served without (or the reverse) answers in a shape it
+    never learned: say so (trained None is the template's default, thinking on)."""
+    trained = True if info.enable_thinking is None else info.enable_thinking
+    if info.thinking_known and asked != trained:
+        from swiftlite.log import warn
+        warn(f"--enable_thinking {str(asked).lower()}: {info.path} was trained with "
+             f"enable_thinking {str(trained).lower()}; its replies may open or skip a think "
+             "block where it learned the other. Leave the flag out to use the trained setting.")
 
 
 def _existing(path):

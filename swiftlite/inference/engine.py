@@ -31,7 +31,8 @@ QUANT_FIELDS = ("quant_bits", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant"
 
 
 # The model and placement arguments (infer's and deploy's) that InferEngine.load takes
-ENGINE_FIELDS = ("template", "system", "torch_dtype", "trust_remote_code", "attn_impl",
+ENGINE_FIELDS = ("template", "system", "enable_thinking", "torch_dtype", "trust_remote_code",
+                 "attn_impl",
                  "quant_bits", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "device_map")
 
 
@@ -68,15 +69,14 @@ class InferEngine:
         from swiftlite.runtime.hardware import (Hardware, cpu_has_bf16, detect, inference_dtype,
                                                  warn_if_emulated_bf16)
         from swiftlite.models.loader import load_model, load_tokenizer
-        from swiftlite.data.template import get_template
-        unknown = set(overrides) - {"template", "system", "torch_dtype", "trust_remote_code",
-                                    "attn_impl", "device", "device_map", *QUANT_FIELDS}
+        unknown = set(overrides) - {*ENGINE_FIELDS, "device"}
         if unknown:
             raise UsageError(f"InferEngine.load: unknown argument(s) {', '.join(sorted(unknown))}.")
         trust = bool(overrides.get("trust_remote_code"))
         system = overrides.get("system", _UNSET)
         ckpt = describe(ckpt_dir, model, template=overrides.get("template"), system=system,
-                        torch_dtype=overrides.get("torch_dtype"))
+                        torch_dtype=overrides.get("torch_dtype"),
+                        enable_thinking=overrides.get("enable_thinking"))
         hw = detect()
         device = overrides.get("device") or hw.device
         if device == "cpu" and hw.device != "cpu":  # --device cpu on a GPU host
@@ -84,7 +84,7 @@ class InferEngine:
         dtype = inference_dtype(overrides.get("torch_dtype"), ckpt.torch_dtype, hw)
         warn_if_emulated_bf16(dtype, hw)
         tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust)
-        template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+        template = ckpt.template_for(tokenizer)
         what = f"{ckpt.base_dir} + adapter {ckpt.path}" if ckpt.kind == "adapter" else ckpt.path
         info(f"loading {what} ({dtype}, {device}, template {template.name})")
         from swiftlite.models.loader import quantization_config

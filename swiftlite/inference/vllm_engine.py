@@ -47,13 +47,12 @@ class VllmEngine(InferEngine):
         """vLLM's server for the checkpoint, once it answers /health. args: the backend group
         (infer_backend, vllm_python, tensor_parallel_size, max_model_len, vllm_args),
         max_batch_size and trust_remote_code; overrides: template, system, torch_dtype."""
-        from swiftlite.data.template import get_template
-        from swiftlite.inference.checkpoints import describe
+        from swiftlite.inference.checkpoints import TEMPLATE_FIELDS, describe
         from swiftlite.inference.server import vllm_backend
         from swiftlite.models.loader import load_tokenizer
         python = vllm_backend.find_python(args.vllm_python)
         ckpt = describe(ckpt_dir, model, **{k: v for k, v in overrides.items()
-                                            if k in ("template", "system", "torch_dtype")})
+                                            if k in TEMPLATE_FIELDS + ("torch_dtype",)})
         served = "model" if ckpt.kind != "adapter" else "adapter"
         names = {served: ckpt.path} if ckpt.kind == "adapter" else {served: None}
         if ckpt.kind == "adapter":
@@ -73,7 +72,7 @@ class VllmEngine(InferEngine):
                                 preexec_fn=vllm_backend.die_with_parent)
         log.close()
         tokenizer = load_tokenizer(ckpt.tokenizer_dir(), bool(args.trust_remote_code))
-        template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+        template = ckpt.template_for(tokenizer)
         engine = cls(tokenizer, template, ckpt, proc, port, served, workdir)
         engine._wait_until_ready(log_path)
         return engine

@@ -48,12 +48,22 @@ def served_names(args: DeployArguments, ckpt) -> dict[str, str | None]:
     return served
 
 
+def _preflight(ckpt, served: dict[str, str | None]) -> None:
+    """Each served checkpoint's run said whether its samples all ended with a trained
+    end-of-turn token; one that did not may not stop."""
+    from swiftlite.inference.checkpoints import warn_if_trained_without_end_of_turn
+    for path in dict.fromkeys([ckpt.path, *(p for p in served.values() if p)]):
+        warn_if_trained_without_end_of_turn(path)
+
+
 def load(args: DeployArguments):
     """(engine, served names -> adapter name in the engine's PeftModel, or None)."""
     from swiftlite.inference.engine import InferEngine, engine_overrides
     engine = InferEngine.load(args.ckpt_dir, args.model, **engine_overrides(args))
     served: dict[str, str | None] = {}
-    for name, path in served_names(args, engine.ckpt).items():
+    names = served_names(args, engine.ckpt)
+    _preflight(engine.ckpt, names)
+    for name, path in names.items():
         if path is None:
             served[name] = None
         elif path == engine.ckpt.path:
@@ -71,12 +81,13 @@ def load(args: DeployArguments):
 
 
 def serve_vllm(args: DeployArguments) -> int:
-    from swiftlite.inference.checkpoints import describe
+    from swiftlite.inference.checkpoints import TEMPLATE_FIELDS, describe
     from swiftlite.inference.server import vllm_backend
-    kw = {k: getattr(args, k) for k in ("template", "system", "torch_dtype")
+    kw = {k: getattr(args, k) for k in TEMPLATE_FIELDS + ("torch_dtype",)
           if getattr(args, k) is not None}
     ckpt = describe(args.ckpt_dir, args.model, **kw)
     served = served_names(args, ckpt)
+    _preflight(ckpt, served)
     from swiftlite.inference.server.vllm_lora import check_adapters
     check_adapters({name: path for name, path in served.items() if path is not None})
     info(f"serving {', '.join(served)} through vLLM at http://{args.host}:{args.port}/v1"

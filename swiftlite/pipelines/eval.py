@@ -142,7 +142,8 @@ def _start_vllm(args: EvalArguments, out: str, target: str | None):
     log = os.path.join(out, "vllm.log" if target is None else "vllm-compare.log")
     if target is None:
         return VllmEngine.start(args.ckpt_dir, args.model, args, log, **overrides)
-    for k in ("template", "system"):  # the compared model keeps its own
+    from swiftlite.inference.checkpoints import TEMPLATE_FIELDS
+    for k in TEMPLATE_FIELDS:  # the compared model keeps its own
         overrides.pop(k, None)
     return VllmEngine.start(*((target, None) if os.path.isdir(target) else (None, target)),
                             args, log, **overrides)

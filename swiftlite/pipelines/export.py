@@ -45,7 +45,8 @@ def run(args: ExportArguments) -> str:
     t0 = time.time()
     lora = args.format == "gguf-lora"
     llama = gguf.find_llamacpp(args.llamacpp_venv, "f16" if lora else args.quant)
-    ckpt = describe(args.ckpt_dir, args.model, template=args.template, system=args.system)
+    ckpt = describe(args.ckpt_dir, args.model, template=args.template, system=args.system,
+                    enable_thinking=args.enable_thinking)
     if lora and ckpt.kind != "adapter":
         raise UsageError(f"--format gguf-lora: {ckpt.path} is not a LoRA checkpoint (no "
                          "adapter_config.json); export it whole with --format gguf.")
@@ -107,7 +108,8 @@ def _merged(args: ExportArguments, ckpt, work: str) -> str:
     info(f"merging the adapter into its base first ({dtype}, a temporary folder)")
     merged = merge.run(MergeArguments(ckpt_dir=ckpt.path, output_dir=os.path.join(work, "merged"),
                                       model=args.model, template=args.template,
-                                      system=args.system, torch_dtype=dtype, verify=False))
+                                      system=args.system, enable_thinking=args.enable_thinking,
+                                      torch_dtype=dtype, verify=False))
     return merged
 
 

@@ -18,7 +18,7 @@ import time
 from swiftlite.config.arguments import MergeArguments
 from swiftlite.config.sizes import parse_size
 from swiftlite.config.parsing import build
-from swiftlite.inference.checkpoints import describe
+from swiftlite.inference.checkpoints import describe, warn_if_trained_without_end_of_turn
 from swiftlite.errors import UsageError
 from swiftlite.log import info, warn
 
@@ -47,7 +47,8 @@ def merge_lora(ckpt_dir: str | MergeArguments | None = None, output_dir: str | N
 
 def run(args: MergeArguments) -> str:
     t0 = time.time()
-    ckpt = describe(args.ckpt_dir, args.model, template=args.template, system=args.system)
+    ckpt = describe(args.ckpt_dir, args.model, template=args.template, system=args.system,
+                    enable_thinking=args.enable_thinking)
     if ckpt.kind != "adapter":
         train_type = ckpt.run_args.get("train_type")
         what = "a full fine-tuning checkpoint" if train_type == "full" else "a complete model"
@@ -55,6 +56,7 @@ def run(args: MergeArguments) -> str:
              f"nothing to merge. Use it as it is: swiftlite infer --ckpt_dir {args.ckpt_dir}")
         return args.ckpt_dir
     check_base(args, ckpt)
+    warn_if_trained_without_end_of_turn(ckpt.path)
     out = os.path.abspath(args.output_dir or args.ckpt_dir.rstrip("/\\") + "-merged")
     _check_output(out, args, ckpt)
     from swiftlite.runtime.output_folder import refuse_unless_replaceable, writing
@@ -95,7 +97,6 @@ def _merge(args: MergeArguments, ckpt, out: str, tmp: str, t0: float) -> str:
     from swiftlite.export import streaming_merge as ms
     from swiftlite.models.safetensors_files import base_index, tensor_meta
     from swiftlite.models.loader import load_tokenizer, torch_dtype
-    from swiftlite.data.template import get_template
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(ckpt.base_dir)
@@ -106,7 +107,7 @@ def _merge(args: MergeArguments, ckpt, out: str, tmp: str, t0: float) -> str:
                              else "float32"))
     out_dtype = torch_dtype(dtype_name)
     tokenizer = load_tokenizer(ckpt.tokenizer_dir())
-    template = get_template(ckpt.template, tokenizer, system=ckpt.system_or(None))
+    template = ckpt.template_for(tokenizer)
 
     # Check everything before writing anything.
     index = base_index(ckpt.base_dir)
@@ -139,6 +140,7 @@ def _merge(args: MergeArguments, ckpt, out: str, tmp: str, t0: float) -> str:
     tokenizer.save_pretrained(tmp)
     with open(os.path.join(tmp, "swiftlite.json"), "w", encoding="utf-8") as f:
         json.dump({"template": template.name, "system": template.saved_system,
+                   "enable_thinking": template.enable_thinking,
                    "is_chat": True, "torch_dtype": dtype_name,
                    "merged_from": os.path.abspath(args.ckpt_dir),
                    "base_model": ckpt.base_dir}, f, indent=2, ensure_ascii=False)

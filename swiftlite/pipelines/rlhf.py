@@ -12,7 +12,7 @@ import time
 from swiftlite.config.parsing import build
 from swiftlite.config.rlhf_args import NEEDS_REFERENCE, RlhfArguments
 from swiftlite.data import load_datasets
-from swiftlite.data.encode import describe
+from swiftlite.data.encode import UNTRAINED_END_OF_TURN, describe
 from swiftlite.data.pair_encode import IDENTICAL, encode_preferences, show_pair
 from swiftlite.data.pairs import unpair
 from swiftlite.errors import UsageError
@@ -110,6 +110,7 @@ def _stream(args: RlhfArguments, template, tokenizer):
          f"{args.shuffle_buffer_size} rows)")
     if is_main_process():
         info("first row:\n" + show_pair(first, tokenizer))
+        _check_end_of_turn([first], args, template)
     return stream_dataset(args.dataset, template, seed=args.data_seed,
                           buffer_size=args.shuffle_buffer_size, **options)
 
@@ -121,6 +122,16 @@ def _encode(rows, name: str, args: RlhfArguments, template):
                               use_cache=args.load_from_cache_file,
                               skip_bad_rows=args.skip_bad_rows,
                               num_proc=args.dataset_num_proc or len(os.sched_getaffinity(0)))
+
+
+def _check_end_of_turn(ds, args: RlhfArguments, template) -> int:
+    """The chosen reply (KTO: each reply) must end with a trained end-of-turn token, or the
+    aligned model learns replies that never stop."""
+    from swiftlite.data.encode import warn_if_end_of_turn_untrained
+    kto = args.rlhf_type == "kto"
+    return warn_if_end_of_turn_untrained(ds, template, args.max_length,
+                                  column="labels" if kto else "chosen_labels",
+                                  what="rows" if kto else "pairs' chosen replies")
 
 
 def _show(train_ds, report, val_report, args: RlhfArguments, tokenizer) -> None:
@@ -165,7 +176,8 @@ def _run(args: RlhfArguments) -> TrainResult:
     else:
         train_ds, report = _encode(train_rows, "train", args, template)
         _show(train_ds, report, val_report, args, tokenizer)
-        data_report = {**report.to_dict(), "rows": load_report.rows,
+        untrained = _check_end_of_turn(train_ds, args, template) if is_main_process() else 0
+        data_report = {**report.to_dict(), "rows": load_report.rows, UNTRAINED_END_OF_TURN: untrained,
                        "skipped_rows": dict(load_report.skipped)}
 
     # 3. Model + LoRA (new adapters, or an SFT checkpoint's going on training).

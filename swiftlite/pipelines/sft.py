@@ -11,8 +11,8 @@ import time
 from swiftlite.config.arguments import QUANT_ZERO3, SftArguments
 from swiftlite.config.parsing import build, to_dict
 from swiftlite.data import load_conversations, load_datasets
-from swiftlite.data.encode import (describe, encode_dataset, load_cached, show_sample,
-                                   warn_if_end_of_turn_untrained)
+from swiftlite.data.encode import (UNTRAINED_END_OF_TURN, describe, encode_dataset, load_cached,
+                                   show_sample, warn_if_end_of_turn_untrained)
 from swiftlite.data.loader import LoadReport
 from swiftlite.errors import UsageError
 from swiftlite.log import info, is_main_process
@@ -105,9 +105,10 @@ def _encode(convs, name: str, args: SftArguments, template, num_proc: int):
                           skip_bad_rows=args.skip_bad_rows, num_proc=num_proc)
 
 
-def _show(train_ds, enc_report, val_report, args: SftArguments, template, tokenizer) -> None:
+def _show(train_ds, enc_report, val_report, args: SftArguments, template, tokenizer) -> int:
     """The counts, the first sample as training sees it and the longest one; a warning when
-    the end of a turn is never trained."""
+    the end of a turn is never trained. Returns how many samples' is not (merge-lora and
+    deploy repeat it)."""
     if len(train_ds) == 0:
         raise UsageError("no samples left after encoding: " + describe(
             enc_report, "train", args.max_length) + "\nRaise --max_length or use "
@@ -120,8 +121,8 @@ def _show(train_ds, enc_report, val_report, args: SftArguments, template, tokeni
         lengths = enc_report.lengths
         longest = max(range(len(lengths)), key=lengths.__getitem__)
         info(f"longest sample: #{longest}, {lengths[longest]} tokens")
-    if is_main_process():
-        warn_if_end_of_turn_untrained(train_ds, template, args.max_length)
+    return warn_if_end_of_turn_untrained(train_ds, template, args.max_length) \
+        if is_main_process() else 0
 
 
 def _stream(args: SftArguments, template, tokenizer, num_proc: int):
@@ -192,9 +193,10 @@ def _run(args: SftArguments) -> TrainResult:
                 manifest.save(fkey, ekey, {"load_report": load_report.to_dict(),
                                            "train": enc_report.cache_path,
                                            "val": val_report.cache_path if val_report else None})
-        _show(train_ds, enc_report, val_report, args, template, tokenizer)
+        untrained = _show(train_ds, enc_report, val_report, args, template, tokenizer)
         data_report = {**enc_report.to_dict(), "rows": load_report.rows,
-                       "skipped_rows": dict(load_report.skipped)}
+                       "skipped_rows": dict(load_report.skipped),
+                       UNTRAINED_END_OF_TURN: untrained}
         if args.packing:
             from swiftlite.data.packing import PackedDataset
             train_ds = PackedDataset(train_ds, enc_report.lengths, args.max_length)

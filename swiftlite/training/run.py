@@ -55,7 +55,7 @@ def model_and_template(args):
     model_dir, model_info = resolve_model(args.model)
     tokenizer = load_tokenizer(model_dir, args.trust_remote_code)
     template = get_template(args.template or model_info.template, tokenizer, system=args.system,
-                            loss_scale=args.loss_scale)
+                            loss_scale=args.loss_scale, enable_thinking=args.enable_thinking)
     info(f"template: {template.describe()}; system prompt: {template.default_system!r}")
     if args.train_type == "lora" and not model_info.is_chat and template.name != "default":
         warn(f"{args.model} is a base model and its {template.describe()} ends turns with "

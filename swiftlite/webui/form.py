@@ -59,8 +59,8 @@ def kind(f: dataclasses.Field) -> str:
     scalar, is_list = base_type(f.type)
     if is_list:
         return "list"
-    if scalar is bool:
-        return "bool"
+    if scalar is bool:  # Optional[bool] (None: the default) is typed as true / false / empty
+        return "bool" if default(f) is not None else "text"
     if f.metadata.get("choices"):
         return "choice"
     return "text"

@@ -266,6 +266,40 @@ def test_zero3_matches_single_process(zero3_run, single):
     assert_same_losses(losses(zero3_run[0]), single)
 
 
+# The LoRA variants ZeRO-3 takes (DoRA and PiSSA/OLoRA are refused: test_lora_variants.py)
+ZERO3_VARIANTS = ["--use_rslora", "true", "--lora_plus_lr_ratio", "4", "--lora_bias", "true",
+                  "--target_modules", r".*\.(q|v|down)_proj"]
+
+
+@pytest.mark.slow
+def test_zero3_with_lora_variants_matches_single_process(tiny_qwen2, tmp_path):
+    """rsLoRA, LoRA+, lora_bias and a regex of target modules under ZeRO-3 on
+    two processes: the losses of one process with the same flags, and an adapter (with its
+    biases) that plain peft loads."""
+    import swiftlite
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from swiftlite.config.arguments import SftArguments
+    from swiftlite.config.argv import parse_argv
+    flags = TRAIN + ZERO3_VARIANTS + ["--save_steps", "4"]
+    one = swiftlite.sft(parse_argv(SftArguments, flags + [
+        "--per_device_train_batch_size", "4", "--output_dir", str(tmp_path / "one")], "test", ""))
+    run([os.path.join(BIN, "torchrun"), "--nproc_per_node", 2, "--master_port", free_port(),
+         "-m", "swiftlite.cli", "sft", *flags, "--per_device_train_batch_size", "2",
+         "--deepspeed", "zero3", "--output_dir", tmp_path / "zero3"], child_env())
+    run_dir = the_run_dir(tmp_path / "zero3")
+    assert_same_losses(losses(run_dir), losses(one.output_dir))
+    ckpt = os.path.join(run_dir, "checkpoint-4")
+    saved = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    assert len(saved) == 3 * 3 * 2 and all(t.numel() for t in saved.values())  # A, B, bias
+    assert sorted({k.split(".")[-3] for k in saved}) == ["down_proj", "q_proj", "v_proj"]
+    config = json.load(open(os.path.join(ckpt, "adapter_config.json")))
+    assert config["use_rslora"] is True and config["lora_bias"] is True
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen2), ckpt)
+
+
 @pytest.mark.slow
 def test_zero3_model_loads_partitioned(zero3_run):
     """zero.Init at load: before the Trainer exists, every base weight is a ZeRO-3 parameter

@@ -138,6 +138,28 @@ def test_modelfile_template_renders_like_the_jinja_template(go_render, tmp_path,
     assert compared >= (2 if not template.supports_tools else 5)
 
 
+@needs_go
+def test_a_run_trained_without_thinking_gets_a_template_that_thinks_only_when_asked(go_render):
+    """--enable_thinking false: Ollama's think unset renders as the saved Jinja template does
+    with no keyword (the empty think block, as trained); think=true and false as the Jinja
+    with that keyword."""
+    from swiftlite.data.template import get_template
+    from swiftlite.export.modelfile import go_template
+    from swiftlite.models.builtin import build
+    from swiftlite.models.loader import load_tokenizer
+    tok = load_tokenizer(build("tiny-qwen3"))
+    template = get_template(None, tok, enable_thinking=False)
+    go, family = go_template(template)
+    tok.chat_template = template.to_jinja()
+    messages = [{"role": "user", "content": "2+2?"}]
+    for think in (None, False, True):
+        switch = {} if think is None else {"enable_thinking": think}
+        jinja = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                        **switch)
+        assert go_render(go, messages, None, think) == jinja, think
+        assert jinja.endswith("<think>\n\n</think>\n\n") == (think is not True)
+
+
 def test_a_template_without_a_go_version_writes_no_template(tmp_path):
     """An unknown model template: no TEMPLATE (Ollama then picks one from the GGUF's chat
     template), said in the Modelfile, rather than a wrong one."""

@@ -80,6 +80,31 @@ def test_8bit_qlora_learns_on_tiny_qwen25(tmp_path):
     assert loss[4] < loss[1] - 0.1, loss
 
 
+@pytest.mark.slow
+def test_lora_variants_learn_on_a_4bit_base_and_load_in_plain_peft(tmp_path, tiny_qwen2):
+    """DoRA, rsLoRA, LoRA+ and NEFTune on the 4-bit base (peft's bitsandbytes layers): the
+    loss falls, and plain peft on a 4-bit base computes what `swiftlite infer --quant_bits 4`
+    does. (PiSSA/OLoRA/LoftQ with --quant_bits are refused: test_lora_variants.py.)"""
+    import swiftlite
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from swiftlite.inference.engine import InferEngine
+    result = swiftlite.sft(**QLORA, max_steps=6, save_steps=6, use_dora=True, use_rslora=True,
+                           lora_plus_lr_ratio=4, neftune_noise_alpha=5,
+                           output_dir=str(tmp_path))
+    loss = losses(result.output_dir)
+    assert loss[6] < loss[1] - 0.1, loss
+    ckpt = result.last_checkpoint
+    config = json.load(open(os.path.join(ckpt, "adapter_config.json")))
+    assert config["use_dora"] is True and config["use_rslora"] is True
+    plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(
+        tiny_qwen2, quantization_config=_quantized(4)), ckpt).eval()
+    engine = InferEngine.load(ckpt_dir=ckpt, quant_bits=4)
+    ids = engine.encode([{"role": "user", "content": "Who are you?"}])
+    assert (_logits(plain, ids) - _logits(engine.model, ids)).abs().max() < 1e-5
+
+
 def test_the_adapter_loads_in_plain_peft_on_a_quantized_base(qlora_run, tiny_qwen2):
     """A user without swiftlite: transformers + peft on the 4-bit base give what
     `swiftlite infer --quant_bits 4` computes."""

@@ -84,6 +84,15 @@ def test_round_trip_with_every_kind_of_field(tmp_path, chat_jsonl):
     assert form.preview(args, nproc=2).startswith("NPROC_PER_NODE=2 swiftlite sft")
 
 
+@pytest.mark.parametrize("typed,value", [("", None), ("false", False), ("true", True)])
+def test_a_setting_that_defaults_to_the_model_has_three_states(tmp_path, chat_jsonl, typed, value):
+    """--enable_thinking (Optional[bool]): empty leaves the model's default, not false."""
+    assert form.kind(form.FIELDS["enable_thinking"]) == "text"
+    args = form.to_args(_form(model="tiny-qwen3", dataset=chat_jsonl, enable_thinking=typed),
+                        policy=_policy(tmp_path))
+    assert args.enable_thinking is value and _round_trip(args) == args
+
+
 def test_preview_command_is_what_the_cli_runs(tmp_path, chat_jsonl):
     """The command the preview shows, run by a real shell: the CLI accepts every flag
     (--help after the flags: argparse parses them all, then prints help and exits 0)."""

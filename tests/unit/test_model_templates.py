@@ -215,3 +215,46 @@ def test_tools_need_a_template_that_renders_them(own_templates):
     msgs = CASES["tools with several functions, one call"][0]
     with pytest.raises(TemplateRejected, match="cannot render tools"):
         get_template(None, own_templates[0]).encode(msgs, [WEATHER])
+
+
+# -- Qwen3's thinking switch (--enable_thinking) ---------------------------------------------------
+def test_thinking_off_moves_the_empty_think_block_into_the_prompt(qwen_tokenizers):
+    """--enable_thinking false: the prompt ends with the empty think block (as Qwen3 is served
+    without thinking), so the reply after it is trained alone; the default (thinking) trains
+    the empty block as part of the reply. Ids equal apply_chat_template with the switch."""
+    tok = qwen_tokenizers["qwen3"]
+    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    off = get_template(None, tok, enable_thinking=False)
+    enc = off.encode(messages)
+    assert enc["input_ids"] == tok.apply_chat_template(messages, enable_thinking=False)["input_ids"]
+    assert trained_pieces(tok, enc) == ["4" + EOT]
+    assert trained_pieces(tok, get_template(None, tok).encode(messages)) == [EMPTY_THINK + "4" + EOT]
+    assert off.render_prompt(messages[:1]).endswith("<|im_start|>assistant\n" + EMPTY_THINK)
+    assert get_template(None, tok).render_prompt(messages[:1]).endswith("<|im_start|>assistant\n")
+    assert off.fingerprint() != get_template(None, tok).fingerprint()  # tokenised data differs
+
+
+def test_the_saved_template_defaults_to_the_trained_setting(qwen_tokenizers):
+    """to_jinja(): plain apply_chat_template (no keyword) renders as the run was trained; a
+    caller's enable_thinking still wins; read back, the template keeps one prelude each."""
+    tok = qwen_tokenizers["qwen3"]
+    user = [{"role": "user", "content": "hi"}]
+    off = get_template(None, tok, system="Be brief.", enable_thinking=False)
+    saved = AutoTokenizer.from_pretrained(tok.name_or_path)
+    saved.chat_template = off.to_jinja()
+    assert saved.apply_chat_template(user, tokenize=False, add_generation_prompt=True) == \
+        off.render_prompt(user)
+    assert saved.apply_chat_template(user, tokenize=False, add_generation_prompt=True,
+                                     enable_thinking=True) == \
+        get_template(None, tok, system="Be brief.").render_prompt(user)
+    again = get_template(None, saved, system="Be brief.", enable_thinking=False)
+    assert again.to_jinja() == off.to_jinja() and again.model_source == off.model_source
+    assert get_template(None, saved, enable_thinking=True).to_jinja().count("enable_thinking = ") == 1
+    assert again.fingerprint() == off.fingerprint()
+
+
+@pytest.mark.parametrize("name", [None, "chatml"])
+def test_enable_thinking_on_a_template_without_the_switch_is_refused(qwen_tokenizers, name):
+    from swiftlite.errors import UsageError
+    with pytest.raises(UsageError, match="enable_thinking"):
+        get_template(name, qwen_tokenizers["qwen2.5"], enable_thinking=False)

@@ -126,3 +126,51 @@ def test_eval_vllm_refuses_an_adapter_vllm_cannot_serve_before_it_starts(tmp_pat
                  vllm_python=str(tmp_path / "no-vllm" / "python"),
                  output_dir=str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def cut_rows(tmp_path_factory):
+    """Chat rows and preference pairs whose replies half of which --max_length 64 cuts."""
+    from helpers.cli import write_jsonl
+    folder = tmp_path_factory.mktemp("cut")
+    convs = [_conversation(words) for words in (5, 200, 6, 300)]
+    pairs = [{"prompt": c[:1], "chosen": c[1:], "rejected": [{"role": "assistant", "content": "No."}]}
+             for c in convs]
+    return (write_jsonl(folder / "chat.jsonl", [{"messages": c} for c in convs]),
+            write_jsonl(folder / "pairs.jsonl", pairs))
+
+
+TRUNCATING = dict(model="tiny-qwen2.5", max_steps=1, per_device_train_batch_size=2,
+                  max_length=64, truncation_strategy="right", torch_dtype="float32",
+                  report_to="none", load_from_cache_file=False)
+
+
+def test_a_run_that_cut_end_of_turn_tokens_is_named_by_merge_and_deploy(cut_rows, tmp_path, capfd):
+    """sft counts the samples whose end-of-turn token truncation cut, and records the count;
+    merge-lora and deploy say so before they start; a run that lost none stays silent."""
+    import swiftlite
+    from swiftlite.config.arguments import DeployArguments, MergeArguments
+    from swiftlite.pipelines import deploy, merge
+    run = swiftlite.sft(dataset=[cut_rows[0]], output_dir=str(tmp_path / "cut"), **TRUNCATING)
+    assert "2 of 4 samples do not end with a trained end-of-turn token" in capfd.readouterr().err
+    report = json.load(open(f"{run.last_checkpoint}/args.json"))["dataset_report"]
+    assert report["end_of_turn_untrained"] == 2
+    merge.run(MergeArguments(ckpt_dir=run.last_checkpoint, output_dir=str(tmp_path / "merged"),
+                             verify=False))
+    assert "trained on 2 samples whose reply did not end" in capfd.readouterr().err
+    deploy.load(DeployArguments(ckpt_dir=run.last_checkpoint, torch_dtype="float32"))
+    assert "trained on 2 samples whose reply did not end" in capfd.readouterr().err
+    whole = swiftlite.sft(dataset=[cut_rows[0]], output_dir=str(tmp_path / "whole"),
+                          **{**TRUNCATING, "max_length": 1024})
+    deploy.load(DeployArguments(ckpt_dir=whole.last_checkpoint, torch_dtype="float32"))
+    assert "end-of-turn" not in capfd.readouterr().err
+
+
+def test_rlhf_checks_the_chosen_replies_end_of_turn(cut_rows, tmp_path, capfd):
+    import swiftlite
+    run = swiftlite.rlhf(dataset=[cut_rows[1]], output_dir=str(tmp_path / "dpo"), **TRUNCATING)
+    err = capfd.readouterr().err
+    assert "2 of 4 pairs' chosen replies do not end with a trained end-of-turn token" in err
+    assert "2 of them reach --max_length 64" in err
+    report = json.load(open(f"{run.last_checkpoint}/args.json"))["dataset_report"]
+    assert report["end_of_turn_untrained"] == 2
