@@ -196,6 +196,31 @@ def test_neftune_noises_training_not_inference_nor_the_reference(trainer):
             deactivate_neftune(model, handle, trainer.accelerator)
 
 
+def test_rlhf_trains_with_the_variants(tiny_qwen25, tmp_path):
+    """DPO with DoRA, rsLoRA, LoRA+ and NEFTune: the run learns and saves a DoRA adapter that
+    plain peft loads."""
+    import json
+
+    import swiftlite
+    from helpers.cli import write_jsonl
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    pairs = [{"prompt": f"What is {a} plus 2?", "chosen": f"{a} plus 2 is {a + 2}.",
+              "rejected": "No idea."} for a in range(8)]
+    run = swiftlite.rlhf(model="tiny-qwen2.5", dataset=[write_jsonl(tmp_path / "p.jsonl", pairs)],
+                         max_steps=4, per_device_train_batch_size=4, learning_rate=5e-3,
+                         use_dora=True, use_rslora=True, lora_plus_lr_ratio=4.0,
+                         neftune_noise_alpha=5.0, torch_dtype="float32", report_to="none",
+                         logging_steps=1, output_dir=str(tmp_path / "dpo"))
+    logged = [json.loads(line) for line in open(f"{run.output_dir}/logging.jsonl")]
+    losses = [r["loss"] for r in logged if "loss" in r]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    config = json.load(open(f"{run.last_checkpoint}/adapter_config.json"))
+    assert config["use_dora"] and config["use_rslora"]
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen25),
+                              run.last_checkpoint)
+
+
 def test_variant_refusals_are_said_before_loading():
     """The combinations peft cannot run are refused by validate, with the reason."""
     def problems(**kw):
