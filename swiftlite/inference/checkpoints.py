@@ -58,7 +58,7 @@ def training_template(ckpt: CheckpointInfo, trust_remote_code: bool = False):
     tokenizer, its template and --system. What deploy's vLLM backend and export hand on (the
     template's to_jinja() and stop_token_ids())."""
     from swiftlite.models.loader import load_tokenizer
-    tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust_remote_code)
+    tokenizer = load_tokenizer(ckpt.tokenizer_dir(), trust_remote_code, torch_free=True)
     return tokenizer, ckpt.template_for(tokenizer)
 
 

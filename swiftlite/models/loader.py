@@ -6,8 +6,18 @@ import os
 from swiftlite.errors import UsageError
 
 
-def load_tokenizer(model_dir: str, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
+def load_tokenizer(model_dir: str, trust_remote_code: bool = False, *, torch_free: bool = False):
+    """The model's tokenizer. torch_free: for a process that only renders prompts (export,
+    deploy's vLLM backend), a folder with a tokenizer.json is read as transformers'
+    PreTrainedTokenizerFast, which does not import torch as AutoTokenizer does (it reads the
+    model's configuration); the same template, tokens and special tokens for the Qwen2/Qwen3
+    and SmolLM2 families (tests/unit/test_templates.py)."""
+    import os
+    if torch_free and not trust_remote_code and os.path.exists(
+            os.path.join(model_dir, "tokenizer.json")):
+        from transformers import PreTrainedTokenizerFast as AutoTokenizer
+    else:
+        from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     if tok.eos_token is None:  # training would never teach an end; generation would not stop
         raise UsageError(f"{model_dir}: the tokenizer has no EOS token. Set \"eos_token\" in its "

@@ -51,8 +51,8 @@ def run(args: ExportArguments) -> str:
         raise UsageError(f"--format gguf-lora: {ckpt.path} is not a LoRA checkpoint (no "
                          "adapter_config.json); export it whole with --format gguf.")
     gguf.supported_architecture(llama, ckpt.model_dir)
-    # Reading the template loads transformers (and torch with it): seconds that run beside
-    # llama.cpp's converter, which needs the template only when it writes the GGUF's header.
+    # Reading the template loads transformers' tokenizer (about a second) beside llama.cpp's
+    # converter, which needs the template only when it writes the GGUF's header.
     template = functools.cache(lambda: training_template(ckpt, args.trust_remote_code)[1])
     out = _output_dir(args, ckpt)
     refuse_unless_replaceable(out, COMMAND, args.exist_ok)

@@ -109,3 +109,35 @@ def test_labels_train_the_tokens_that_start_inside_a_trained_span_and_cover_a_ch
     assert _labels(ids, offsets, [(1, 5), (9, 12)]) == [X, X, 12, X, X, X, 16]
     assert _labels(ids, offsets, []) == [X] * 7
     assert _labels(ids, offsets, [(0, 12)]) == [10, X, 12, 13, 14, X, 16]
+
+
+@pytest.mark.parametrize("alias", ["tiny-qwen2", "tiny-qwen2.5", "tiny-qwen3",
+                                   "SmolLM2-135M-Instruct"])
+def test_the_torch_free_tokenizer_gives_the_same_template_and_tokens(alias):
+    """export and deploy's vLLM backend read the template with load_tokenizer(torch_free=True):
+    the same saved template, end-of-turn, stop ids and encoded conversation as AutoTokenizer."""
+    from swiftlite.data.template import get_template
+    from swiftlite.models.builtin import build
+    from swiftlite.models.loader import load_tokenizer
+    folder = build(alias)
+    auto, light = load_tokenizer(folder), load_tokenizer(folder, torch_free=True)
+    assert type(light).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "héllo <think> 2+2?"},
+                {"role": "assistant", "content": "4, ok"}]
+    for kw in ({}, {"system": "You are Swifty."}):
+        a, b = get_template(None, auto, **kw), get_template(None, light, **kw)
+        assert a.to_jinja() == b.to_jinja() and a.end_of_turn == b.end_of_turn
+        assert list(a.stop_token_ids()) == list(b.stop_token_ids())
+        assert a.encode(messages) == b.encode(messages)
+    assert (auto.eos_token, auto.pad_token, auto.bos_token) == \
+        (light.eos_token, light.pad_token, light.bos_token)
+
+
+def test_reading_a_checkpoints_template_imports_no_torch():
+    import subprocess
+    import sys
+    code = ("import sys; from swiftlite.inference.checkpoints import describe, training_template; "
+            "training_template(describe(None, 'SmolLM2-135M-Instruct')); "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
