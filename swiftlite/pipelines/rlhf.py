@@ -34,6 +34,8 @@ def main(argv: list[str]) -> None:
     preflight(args)
     from swiftlite.training.launch import maybe_relaunch
     maybe_relaunch(args, "rlhf")
+    from swiftlite.runtime.imports import skip_bitsandbytes
+    skip_bitsandbytes(args)
     rlhf(args)
 
 
