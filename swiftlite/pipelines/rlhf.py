@@ -34,8 +34,6 @@ def main(argv: list[str]) -> None:
     preflight(args)
     from swiftlite.training.launch import maybe_relaunch
     maybe_relaunch(args, "rlhf")
-    from swiftlite.runtime.imports import skip_bitsandbytes
-    skip_bitsandbytes(args)
     rlhf(args)
 
 

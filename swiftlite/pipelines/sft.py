@@ -32,8 +32,6 @@ def main(argv: list[str]) -> None:
     preflight(args)
     from swiftlite.training.launch import maybe_relaunch
     maybe_relaunch(args)
-    from swiftlite.runtime.imports import skip_bitsandbytes
-    skip_bitsandbytes(args)
     sft(args)
 
 

@@ -168,26 +168,3 @@ def test_target_modules_typo_is_reported_before_the_weights_load(tmp_path):
     check_target_modules(model, r".*\.(q|v)_proj")
     check_target_modules(model, ["self_attn.q_proj", "embed_tokens", "lm_head"])
 
-
-@pytest.mark.parametrize("flags,skipped", [({}, True), ({"quant_bits": 4}, False),
-                                           ({"training_args": {"optim": "adamw_bnb_8bit"}}, False)])
-def test_a_run_without_quant_bits_does_not_import_bitsandbytes(tiny_qwen2, flags, skipped):
-    """peft imports bitsandbytes whenever it is installed; the CLI's sft and rlhf leave it out
-    of a run that does not use it (no 4/8-bit base, no bitsandbytes optimizer), and peft's
-    LoRA works the same."""
-    import subprocess
-    import sys
-    code = f"""
-import sys, types
-from swiftlite.runtime.imports import skip_bitsandbytes
-skip_bitsandbytes(types.SimpleNamespace(**{{"quant_bits": None, "training_args": None, **{flags!r}}}))
-from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
-model = get_peft_model(AutoModelForCausalLM.from_pretrained({tiny_qwen2!r}),
-                       LoraConfig(r=4, target_modules="all-linear"))
-model(input_ids=__import__("torch").tensor([[1, 2, 3]])).logits.sum().backward()
-print(sys.modules.get("bitsandbytes") is not None)
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split()[-1] == str(not skipped)
