@@ -301,6 +301,31 @@ def test_zero3_with_lora_variants_matches_single_process(tiny_qwen2, tmp_path):
 
 
 @pytest.mark.slow
+def test_zero3_with_modules_to_save_and_neftune(tiny_qwen2, tmp_path):
+    """--modules_to_save lm_head (tied to the embeddings in tiny-qwen2) and NEFTune under ZeRO-3
+    on two processes: the whole trained copy is saved (not a partition) and plain peft loads
+    the adapter. (NEFTune's noise differs per rank, so the losses are not compared.)"""
+    import math
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    run([os.path.join(BIN, "torchrun"), "--nproc_per_node", 2, "--master_port", free_port(),
+         "-m", "swiftlite.cli", "sft", *TRAIN, "--modules_to_save", "lm_head",
+         "--neftune_noise_alpha", "5", "--per_device_train_batch_size", "2", "--save_steps", "4",
+         "--deepspeed", "zero3", "--output_dir", tmp_path], child_env())
+    run_dir = the_run_dir(tmp_path)
+    assert all(math.isfinite(loss) for _, loss, _ in losses(run_dir))
+    ckpt = os.path.join(run_dir, "checkpoint-4")
+    saved = load_file(os.path.join(ckpt, "adapter_model.safetensors"))
+    whole = [t for k, t in saved.items() if "lora_" not in k]
+    vocab, hidden = AutoModelForCausalLM.from_pretrained(tiny_qwen2).lm_head.weight.shape
+    assert whole and all(t.shape == (vocab, hidden) for t in whole), {k: t.shape for k, t in saved.items()}
+    assert all(t.numel() for t in saved.values())
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen2), ckpt)
+
+
+@pytest.mark.slow
 def test_zero3_model_loads_partitioned(zero3_run):
     """zero.Init at load: before the Trainer exists, every base weight is a ZeRO-3 parameter
     whose full tensor is not held by the process (only its partition, in ds_tensor)."""
