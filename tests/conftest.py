@@ -40,19 +40,6 @@ if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")
 
 
-# The files that take longest, first: under pytest-xdist a file goes to one worker whole
-# (--dist loadfile), in collection order, and the browser test, alphabetically last, left one
-# worker alone for its last two minutes.
-LONGEST_FIRST = ("test_webui_browser.py", "test_deepspeed.py", "test_rlhf.py", "test_eval.py",
-                 "test_deploy_vllm.py", "test_export.py", "test_tool_calling.py",
-                 "test_reliability.py", "test_deploy_logprobs.py", "test_allocator.py")
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order
-
-
 def once(tmp_path_factory, name: str, make):
     """A session fixture's value made once for the whole run: under pytest-xdist (`-n 2`) the
     first worker to ask makes it and the others wait for it and reuse it, instead of training the
