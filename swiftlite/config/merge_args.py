@@ -5,7 +5,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from swiftlite.config.fields import arg, check_choices, raise_if
+from swiftlite.config.fields import arg, check_choices, raise_if, same_as
+from swiftlite.config.model_args import ModelArguments
 from swiftlite.config.sizes import parse_size
 
 
@@ -21,9 +22,9 @@ class MergeArguments:
                                   "(default: the training one)", group="model")
     system: Optional[str] = arg(None, "default system prompt to write (default: the training "
                                 "one)", group="model")
-    enable_thinking: Optional[bool] = arg(None, "Qwen3's thinking mode to write into the merged "
-                                          "template as its default (default: the training one)",
-                                          group="model")
+    enable_thinking: Optional[bool] = same_as(ModelArguments, "enable_thinking", help="Qwen3's "
+                                              "thinking mode to write into the merged template "
+                                              "as its default (default: the training one)")
     torch_dtype: str = arg("auto", "dtype of the saved weights; auto: the training dtype (the "
                            "merge itself is always fp32)", choices=("auto", "bfloat16", "float16",
                                                                     "float32"), group="model")
