@@ -12,7 +12,6 @@ def load_tokenizer(model_dir: str, trust_remote_code: bool = False, *, torch_fre
     PreTrainedTokenizerFast, which does not import torch as AutoTokenizer does (it reads the
     model's configuration); the same template, tokens and special tokens for the Qwen2/Qwen3
     and SmolLM2 families (tests/unit/test_templates.py)."""
-    import os
     if torch_free and not trust_remote_code and os.path.exists(
             os.path.join(model_dir, "tokenizer.json")):
         from transformers import PreTrainedTokenizerFast as AutoTokenizer

@@ -12,7 +12,7 @@ import time
 from swiftlite.config.parsing import build
 from swiftlite.config.rlhf_args import NEEDS_REFERENCE, RlhfArguments
 from swiftlite.data import load_datasets
-from swiftlite.data.encode import UNTRAINED_END_OF_TURN, describe
+from swiftlite.data.encode import UNTRAINED_END_OF_TURN, describe, warn_if_end_of_turn_untrained
 from swiftlite.data.pair_encode import IDENTICAL, encode_preferences, show_pair
 from swiftlite.data.pairs import unpair
 from swiftlite.errors import UsageError
@@ -127,7 +127,6 @@ def _encode(rows, name: str, args: RlhfArguments, template):
 def _check_end_of_turn(ds, args: RlhfArguments, template) -> int:
     """The chosen reply (KTO: each reply) must end with a trained end-of-turn token, or the
     aligned model learns replies that never stop."""
-    from swiftlite.data.encode import warn_if_end_of_turn_untrained
     kto = args.rlhf_type == "kto"
     return warn_if_end_of_turn_untrained(ds, template, args.max_length,
                                   column="labels" if kto else "chosen_labels",
