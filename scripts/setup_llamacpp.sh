@@ -23,20 +23,6 @@ SHARE=$VENV/share/llama.cpp
 STAMP=$VENV/share/llama.cpp.version
 [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
 
-# What the converter imports (vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt;
-# its torch and transformers pins are relaxed to the versions swiftlite's own venv uses,
-# so the tokenizers swiftlite saves load the same way).
-if ! $VENV/bin/python -c "
-import importlib.metadata as m, importlib.util as u, sys
-mods = ('torch', 'transformers', 'numpy', 'sentencepiece', 'google.protobuf', 'safetensors')
-sys.exit(not all(u.find_spec(x) for x in mods) or m.version('gguf') != '$GGUF_VERSION')" 2>/dev/null; then
-  want() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null; }
-  TORCH=$(want torch || echo 2.13.0+cpu)
-  TRANSFORMERS=$(want transformers || echo 5.25.0)
-  $VENV/bin/pip install -q "torch==$TORCH" "transformers==$TRANSFORMERS" "gguf==$GGUF_VERSION" \
-    numpy sentencepiece protobuf safetensors
-fi
-
 sdist() {  # the source distribution, downloaded once into pip's cache
   local dir=$VENV/share/sdist
   mkdir -p $dir
@@ -62,6 +48,22 @@ if ! $VENV/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ 
     $VENV/bin/pip install -q --no-binary llama-cpp-python "$TARBALL"
   echo "llama-cpp-python built in $(( $(date +%s) - start )) s"
 fi
+# What the converter imports (vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt;
+# its torch and transformers pins are relaxed to the versions swiftlite's own venv uses, so the
+# tokenizers swiftlite saves load the same way). After the build, so that scripts/test.sh can
+# start the build before swiftlite's venv exists. --no-compile: modules are compiled when first
+# imported, so setup skips compiling the thousands that never are.
+if ! $VENV/bin/python -c "
+import importlib.metadata as m, importlib.util as u, sys
+mods = ('torch', 'transformers', 'numpy', 'sentencepiece', 'google.protobuf', 'safetensors')
+sys.exit(not all(u.find_spec(x) for x in mods) or m.version('gguf') != '$GGUF_VERSION')" 2>/dev/null; then
+  want() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null; }
+  TORCH=$(want torch || echo 2.13.0+cpu)
+  TRANSFORMERS=$(want transformers || echo 5.25.0)
+  $VENV/bin/pip install -q --no-compile "torch==$TORCH" "transformers==$TRANSFORMERS" "gguf==$GGUF_VERSION" \
+    numpy sentencepiece protobuf safetensors
+fi
+
 echo $VERSION > $STAMP
 rm -rf $VENV/share/sdist
 echo "llama.cpp $VERSION is installed in $(pwd)/$VENV (converters in $(pwd)/$SHARE)"

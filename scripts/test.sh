@@ -3,16 +3,16 @@
 #   bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 # llama.cpp (converter, runtime, quantizer) for the export tests: built from source once per
 # machine (about 5 minutes on 2 cores), then skipped; SWIFTLITE_SKIP_LLAMACPP=1 leaves it out.
-# The build runs while the downloads below (vLLM, Debian packages) wait on the network.
+# The build starts first and runs while the installs below wait on the network.
 llamacpp_log=$(mktemp)
 llamacpp_pid=
 if [ "${SWIFTLITE_SKIP_LLAMACPP:-0}" != 1 ]; then
   bash scripts/setup_llamacpp.sh >"$llamacpp_log" 2>&1 &
   llamacpp_pid=$!
 fi
+bash scripts/setup.sh
 # vLLM's CPU build in a venv of its own, for the --infer_backend vllm tests (about a minute;
 # SWIFTLITE_SKIP_VLLM=1 leaves it out and those tests skip, saying so).
 [ "${SWIFTLITE_SKIP_VLLM:-0}" = 1 ] || bash scripts/setup_vllm.sh \
@@ -46,6 +46,7 @@ if [ -n "$llamacpp_pid" ]; then
     || { tail -40 "$llamacpp_log"; echo "scripts/setup_llamacpp.sh failed: the GGUF export tests will skip"; }
 fi
 rm -f "$llamacpp_log"
+echo "setup: ${SECONDS} s"
 # Two pytest workers (pytest-xdist), a test file each at a time: most of the suite waits on a
 # child process starting (a CLI, a server, a browser), so one worker left a core idle. The
 # trained checkpoints that files share are made once (tests/conftest.py: once).
