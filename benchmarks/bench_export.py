@@ -2,15 +2,21 @@
 merged folder (the anchor), and the perplexity of each quant type. One JSON line per figure.
 
   python benchmarks/bench_export.py [--quant q4_k_m] [--skip ppl] [--ckpt_dir CKPT]
+                                    [--layers N]
 
 time: wall time and peak resident memory of the whole process tree (every child's RSS summed,
   sampled every 20 ms) of
-    swiftlite-adapter  swiftlite export --ckpt_dir ADAPTER (the streaming merge, then llama.cpp)
+    swiftlite-adapter  swiftlite export --ckpt_dir ADAPTER (merged by llama.cpp's converter as
+                       it converts, export/converter_merge.py)
+    swiftlite-adapter-bf16-base  the same from a bf16 copy of the base (--model), as the hub
+                       stores SmolLM2 (the offline build here is fp32)
     swiftlite-merged   swiftlite export --ckpt_dir MERGED (llama.cpp's tools alone)
     anchor             convert_hf_to_gguf.py MERGED --outtype f16, then llama_model_quantize,
                        by hand, in the llama.cpp venv
   The adapter is a SmolLM2-135M-Instruct LoRA (the README's self-cognition recipe) unless
   --ckpt_dir names one; MERGED is it merged by swiftlite merge-lora in f16 (not timed).
+  --layers N: instead, a SmolLM2-wide model of N layers (random bf16 weights) and a random
+  LoRA on all its linear layers, to see how time and memory grow with the model.
 ppl: perplexity of a held-out text through llama.cpp for each quant type of the base model,
   against transformers' fp32 model on the same tokens.
 
@@ -99,7 +105,46 @@ def adapter(work: str) -> str:
     return os.path.join(out, "checkpoint-4")
 
 
-def bench_time(ckpt: str, quant: str, work: str) -> None:
+def synthetic(work: str, layers: int) -> tuple[str, str]:
+    """(a random LoRA checkpoint, its bf16 base): SmolLM2-135M-Instruct's shape and tokenizer
+    with `layers` layers."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from swiftlite.models.registry import resolve_model
+    src = resolve_model("SmolLM2-135M-Instruct")[0]
+    config = AutoConfig.from_pretrained(src)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    base = os.path.join(work, f"smollm2-{layers}-layers")
+    model.save_pretrained(base)
+    AutoTokenizer.from_pretrained(src).save_pretrained(base)
+    ckpt = os.path.join(work, "random-lora")
+    get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                     init_lora_weights=False)).save_pretrained(ckpt)
+    with open(os.path.join(ckpt, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    with open(os.path.join(ckpt, "adapter_config.json"), "w") as f:
+        json.dump({**cfg, "base_model_name_or_path": base}, f)
+    return ckpt, base
+
+
+def bf16_copy(work: str) -> str:
+    """SmolLM2-135M-Instruct stored in bf16, as on the hub."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swiftlite.models.registry import resolve_model
+    src = resolve_model("SmolLM2-135M-Instruct")[0]
+    out = os.path.join(work, "smollm2-bf16")
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    return out
+
+
+def bench_time(ckpt: str, quant: str, work: str, bf16_base: str | None) -> None:
     merged = os.path.join(work, "merged")
     subprocess.run(swiftlite("merge-lora", "--ckpt_dir", ckpt, "--output_dir", merged,
                              "--torch_dtype", "float16"), check=True, capture_output=True)
@@ -113,6 +158,9 @@ def bench_time(ckpt: str, quant: str, work: str) -> None:
         "swiftlite-adapter": [swiftlite("export", "--ckpt_dir", ckpt, "--quant", quant,
                                         "--output_dir", os.path.join(work, "s-adapter"),
                                         "--llamacpp_venv", VENV)],
+        **({"swiftlite-adapter-bf16-base": [swiftlite(
+            "export", "--ckpt_dir", ckpt, "--model", bf16_base, "--quant", quant, "--output_dir",
+            os.path.join(work, "s-adapter-bf16"), "--llamacpp_venv", VENV)]} if bf16_base else {}),
         "swiftlite-merged": [swiftlite("export", "--ckpt_dir", merged, "--quant", quant,
                                        "--output_dir", os.path.join(work, "s-merged"),
                                        "--llamacpp_venv", VENV)],
@@ -165,13 +213,16 @@ def main() -> None:
     ap.add_argument("--quant", default="q4_k_m")
     ap.add_argument("--ckpt_dir", default=None)
     ap.add_argument("--skip", default="", help="time and/or ppl")
+    ap.add_argument("--layers", type=int, default=0)
     a = ap.parse_args()
     sys.path.insert(0, REPO)
     from swiftlite.runtime.hardware import describe_cpu
     emit(bench="machine", cpu=describe_cpu(), date=time.strftime("%Y-%m-%d"))
     work = tempfile.mkdtemp(prefix="bench_export_")
-    if "time" not in a.skip:
-        bench_time(a.ckpt_dir or adapter(work), a.quant, work)
+    if "time" not in a.skip and a.layers:
+        bench_time(synthetic(work, a.layers)[0], a.quant, work, None)
+    elif "time" not in a.skip:
+        bench_time(a.ckpt_dir or adapter(work), a.quant, work, bf16_copy(work))
     if "ppl" not in a.skip:
         bench_ppl(work)
 

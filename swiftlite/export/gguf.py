@@ -16,6 +16,7 @@ checkpoint knows, and runs llama.cpp's tools in their own venv as child processe
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -45,9 +46,12 @@ class Llamacpp:
         return os.path.join(self.venv, "share", "llama.cpp")
 
     def has_quantizer(self) -> bool:
-        ok = subprocess.run([self.python, "-c", "import llama_cpp; llama_cpp.llama_model_quantize"],
-                            capture_output=True)
-        return ok.returncode == 0
+        """llama-cpp-python and the llama.cpp library it loads are installed. Looked up as
+        files: importing llama_cpp in a child process to check would delay every export."""
+        packages = glob.glob(os.path.join(self.venv, "lib", "python3*", "site-packages",
+                                          "llama_cpp"))
+        return any(os.path.exists(os.path.join(p, "__init__.py"))
+                   and glob.glob(os.path.join(p, "lib", "libllama.*")) for p in packages)
 
 
 def find_llamacpp(explicit: str | None = None, quant: str = "f16") -> Llamacpp:
@@ -149,15 +153,22 @@ def _write_metadata(metadata: dict, path: str) -> None:
 
 
 def convert(llama: Llamacpp, model_dir: str, out_file: str, outtype: str, metadata,
-            workdir: str) -> None:
+            workdir: str, lora_merge: dict | None = None) -> None:
     """convert_hf_to_gguf.py MODEL --outtype OUTTYPE --outfile OUT, with the metadata that
     `metadata()` makes set; it is called while the converter starts (its imports and the
-    model's tensors take as long as reading the checkpoint's template does here)."""
+    model's tensors take as long as reading the checkpoint's template does here).
+    lora_merge: an adapter to add to the weights as they are converted (converter_merge)."""
     meta_path = os.path.join(workdir, "metadata.json")
+    merge_path = "-"
+    if lora_merge:
+        merge_path = os.path.join(workdir, "lora_merge.json")
+        _write_metadata(lora_merge, merge_path)
     t0 = time.time()
-    info(f"converting {model_dir} to GGUF ({outtype}) with llama.cpp's convert_hf_to_gguf.py")
+    what = " with the adapter merged as it goes" if lora_merge else ""
+    info(f"converting {model_dir} to GGUF ({outtype}) with llama.cpp's convert_hf_to_gguf.py"
+         + what)
     _run([llama.python, _CHILD, "convert", os.path.join(llama.share, "convert_hf_to_gguf.py"),
-          meta_path, model_dir, "--outtype", outtype, "--outfile", out_file],
+          meta_path, merge_path, model_dir, "--outtype", outtype, "--outfile", out_file],
          "llama.cpp's convert_hf_to_gguf.py", lambda: _write_metadata(metadata(), meta_path))
     info(f"converted in {time.time() - t0:.1f} s: {_size(out_file)}")
 
@@ -179,22 +190,23 @@ def convert_lora(llama: Llamacpp, adapter_dir: str, base_dir: str, out_file: str
     info(f"converting the adapter {adapter_dir} to a GGUF LoRA ({outtype}) with llama.cpp's "
          "convert_lora_to_gguf.py")
     _run([llama.python, _CHILD, "convert", os.path.join(llama.share, "convert_lora_to_gguf.py"),
-          meta_path, adapter_dir, "--base", base_dir, "--outtype", outtype,
+          meta_path, "-", adapter_dir, "--base", base_dir, "--outtype", outtype,
           "--outfile", out_file], "llama.cpp's convert_lora_to_gguf.py")
     info(f"converted: {_size(out_file)}")
 
 
 def write_gguf(llama: Llamacpp, model_dir: str, quant: str, template, out_file: str,
-               workdir: str) -> None:
-    """The model folder as one GGUF of type `quant` at out_file (a temporary folder's file).
-    `template()` gives the chat template (called beside the converter)."""
+               workdir: str, lora_merge: dict | None = None) -> None:
+    """The model folder (with lora_merge's adapter added, if given) as one GGUF of type `quant`
+    at out_file (a temporary folder's file). `template()` gives the chat template (called
+    beside the converter)."""
     def metadata():
         return template_metadata(template())
     if quant in CONVERTER_QUANTS:
-        convert(llama, model_dir, out_file, quant, metadata, workdir)
+        convert(llama, model_dir, out_file, quant, metadata, workdir, lora_merge)
         return
     f16 = os.path.join(workdir, "intermediate-f16.gguf")
-    convert(llama, model_dir, f16, "f16", metadata, workdir)
+    convert(llama, model_dir, f16, "f16", metadata, workdir, lora_merge)
     try:
         quantize(llama, f16, out_file, quant)
     finally:

@@ -1,7 +1,7 @@
 """Run inside the llama.cpp venv (scripts/setup_llamacpp.sh), never imported by swiftlite:
 llama.cpp's own converter with a few metadata values set, and llama.cpp's quantizer.
 
-  python llamacpp_child.py convert CONVERTER.py METADATA.json [converter arguments...]
+  python llamacpp_child.py convert CONVERTER.py METADATA.json MERGE.json|- [converter args...]
       runs llama.cpp's convert_hf_to_gguf.py / convert_lora_to_gguf.py as its own __main__;
       the keys of METADATA.json ({"key": [value, "STRING"|"UINT32"|...]}) replace what the
       converter wrote for them (or are added), just before the GGUF header is written. That is
@@ -9,6 +9,10 @@ llama.cpp's own converter with a few metadata values set, and llama.cpp's quanti
       end-of-turn token (EOS and EOT) get into the file without a second pass over it.
       METADATA.json is read only then, so swiftlite may still be writing it while the
       converter starts (it reads the template meanwhile); the child waits for it there.
+      MERGE.json (export/converter_merge.py) names a LoRA adapter and, per base weight, its
+      lora_A and lora_B tensors and scale: the converter then writes W + scale * B @ A,
+      computed in fp32 when that tensor is written (the converter's lazy tensors), instead of W.
+      Either way fp32 -> f16 casts are done by torch (the same bits as numpy's, faster).
   python llamacpp_child.py quantize IN.gguf OUT.gguf TYPE THREADS
       llama_model_quantize from llama-cpp-python's build (TYPE: q4_k_m, q6_k, ...).
 """
@@ -19,12 +23,15 @@ import sys
 import time
 
 
-def convert(script: str, metadata_path: str, argv: list) -> None:
+def convert(script: str, metadata_path: str, merge_path: str, argv: list) -> None:
     here = os.path.dirname(os.path.abspath(script))
     # The converter puts its own gguf-py first on sys.path; patch that very module.
     sys.path.insert(0, os.path.join(here, "gguf-py"))
     sys.path.insert(0, here)
     import gguf
+    _fast_f16(gguf)
+    if merge_path != "-":
+        _merge_lora(merge_path)
     original = gguf.GGUFWriter.write_header_to_file
 
     def write_header_to_file(self, *args, **kwargs):
@@ -35,6 +42,61 @@ def convert(script: str, metadata_path: str, argv: list) -> None:
     gguf.GGUFWriter.write_header_to_file = write_header_to_file
     sys.argv = [script, *argv]
     runpy.run_path(script, run_name="__main__")
+
+
+def _fast_f16(gguf) -> None:
+    """The converter casts fp32 data to f16 with numpy's astype; torch's cast gives the same
+    bits (IEEE round to nearest even) several times faster (benchmarks/bench_export.py)."""
+    import numpy as np
+    import torch
+    original = gguf.quants.quantize
+
+    def to_f16(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(torch.float16).numpy()
+
+    def quantize(data, qtype):
+        if qtype != gguf.GGMLQuantizationType.F16 or data.dtype != np.float32:
+            return original(data, qtype)
+        if isinstance(data, gguf.LazyNumpyTensor):
+            meta = gguf.LazyNumpyTensor.meta_with_dtype_and_shape(np.float16, data.shape)
+            return gguf.LazyNumpyTensor(meta=meta, args=(data,), func=to_f16)
+        return to_f16(data)
+
+    gguf.quants.quantize = quantize
+
+
+def _merge_lora(path: str) -> None:
+    """Every model the converter builds gets the adapted weights of MERGE.json in place of the
+    base's: its table of tensor loaders (model_tensors) is wrapped once it is made."""
+    import torch
+    from conversion.base import LazyTorchTensor, ModelBase
+    from safetensors.torch import load_file
+    with open(path, encoding="utf-8") as f:
+        job = json.load(f)
+    adapter = load_file(job["adapter"])
+    original = ModelBase.__init__
+
+    def merged(load, B, A, scale):
+        def weight():
+            w = load()
+            add = lambda t: torch.addmm(t.float(), B, A, alpha=scale)  # noqa: E731
+            if not isinstance(w, LazyTorchTensor):  # the converter's --no-lazy
+                return add(w)
+            meta = LazyTorchTensor.meta_with_dtype_and_shape(torch.float32, w.shape)
+            return LazyTorchTensor(meta=meta, args=(w,), func=add)
+        return weight
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        missing = sorted(set(job["deltas"]) - set(self.model_tensors))
+        if missing:
+            sys.exit(f"the converter found no {missing[0]} (and {len(missing) - 1} more adapted "
+                     "weights) in the base model; cannot merge the adapter")
+        for name, d in job["deltas"].items():
+            self.model_tensors[name] = merged(self.model_tensors[name], adapter[d["B"]].float(),
+                                              adapter[d["A"]].float(), d["scale"])
+
+    ModelBase.__init__ = __init__
 
 
 def _metadata(path: str) -> dict:
@@ -64,7 +126,7 @@ def quantize(src: str, dst: str, kind: str, threads: str) -> None:
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
     if command == "convert":
-        convert(rest[0], rest[1], rest[2:])
+        convert(rest[0], rest[1], rest[2], rest[3:])
     elif command == "quantize":
         quantize(*rest)
     else:

@@ -80,22 +80,29 @@ def read_adapter(ckpt_dir: str) -> tuple[dict, dict]:
 
 
 # -- planning --------------------------------------------------------------------------------
-def _alpha_for(module: str, cfg: dict) -> float:
-    # peft's rule for *_pattern keys: the pattern matches the end of the module name.
-    for pattern, alpha in (cfg.get("alpha_pattern") or {}).items():
+# adapter_config.json keys of peft features that only peft's own merge implements
+PEFT_ONLY = ("use_dora", "lora_bias", "modules_to_save", "trainable_token_indices",
+             "target_parameters", "layer_replication")
+
+
+def lora_scale(module: str, cfg: dict, r: int) -> float:
+    """peft's scaling of module's B @ A: lora_alpha (or its alpha_pattern entry, a pattern that
+    matches the end of the module name) over r, or over sqrt(r) with rsLoRA."""
+    import math
+    alpha = cfg["lora_alpha"]
+    for pattern, value in (cfg.get("alpha_pattern") or {}).items():
         if re.match(rf"(.*\.)?({pattern})$", module):
-            return alpha
-    return cfg["lora_alpha"]
+            alpha = value
+            break
+    return alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
 
 
 def plan_merge(cfg: dict, tensors: dict, meta: dict, config, embed_names: tuple[str, str] | None
                ) -> MergePlan:
     """Check the adapter against the base tensors (names and shapes) and pair up A/B."""
-    import math
     if cfg.get("peft_type", "LORA") != "LORA":
         raise Unsupported(f"peft_type {cfg.get('peft_type')}")
-    for key in ("use_dora", "lora_bias", "modules_to_save", "trainable_token_indices",
-                "target_parameters", "layer_replication"):
+    for key in PEFT_ONLY:
         if cfg.get(key):
             raise Unsupported(key)
     pairs: dict[str, dict] = {}
@@ -139,10 +146,7 @@ def plan_merge(cfg: dict, tensors: dict, meta: dict, config, embed_names: tuple[
             problems.append(f"{module}: the adapter expects a {want[0]}x{want[1]} weight, the "
                             f"base model has {'x'.join(map(str, shape))}")
             continue
-        r = A.shape[0]
-        alpha = _alpha_for(module, cfg)
-        scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
-        deltas[weight] = Delta(A, B, scale, p["kind"], fifo)
+        deltas[weight] = Delta(A, B, lora_scale(module, cfg, A.shape[0]), p["kind"], fifo)
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise UsageError("the adapter does not match the base model: " + "; ".join(problems[:3])

@@ -11,7 +11,6 @@ from swiftlite.errors import UsageError
 
 def base_index(model_dir: str) -> dict[str, str]:
     """tensor name -> safetensors file of the base model; refuses missing or corrupt files."""
-    from safetensors import safe_open
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.exists(index):
         try:
@@ -32,13 +31,7 @@ def base_index(model_dir: str) -> dict[str, str]:
         if not os.path.exists(path):
             raise UsageError(f"{path}: missing (listed in the model's safetensors index). The "
                              "base model download is incomplete; download it again.")
-        try:
-            with safe_open(path, "pt") as f:
-                keys = list(f.keys())
-        except Exception as e:  # safetensors raises its own SafetensorError on a bad header
-            raise UsageError(f"{path}: not a readable safetensors file ({e}). The file is "
-                             "corrupt or truncated; download the base model again.") from None
-        for k in keys:
+        for k in read_header(path, "download the base model again"):
             out[k] = path
     if weight_map is not None:
         missing = [k for k, v in weight_map.items() if out.get(k) != os.path.join(model_dir, v)]
@@ -51,14 +44,31 @@ def base_index(model_dir: str) -> dict[str, str]:
 
 def tensor_meta(index: dict[str, str]) -> dict[str, tuple[str, list[int]]]:
     """name -> (safetensors dtype, shape), read from headers only."""
-    from safetensors import safe_open
     meta = {}
     for path in sorted(set(index.values())):
-        with safe_open(path, "pt") as f:
-            for k in f.keys():
-                s = f.get_slice(k)
-                meta[k] = (s.get_dtype(), list(s.get_shape()))
+        meta.update(read_header(path))
     return meta
+
+
+def read_header(path: str, fix: str = "") -> dict[str, tuple[str, list[int]]]:
+    """One file's name -> (safetensors dtype, shape). The header is a little-endian u64 length
+    and that much JSON, so this needs neither torch nor the tensor data. `fix`: what to do
+    about a corrupt file, for the error."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 2 <= size <= os.path.getsize(path) - 8:
+                raise ValueError(f"a header length of {size} bytes")
+            header = json.loads(f.read(size))
+        header.pop("__metadata__", None)
+        data = os.path.getsize(path) - 8 - size
+        end = max((v["data_offsets"][1] for v in header.values()), default=0)
+        if end != data:
+            raise ValueError(f"its header describes {end} bytes of tensor data, it holds {data}")
+        return {k: (v["dtype"], list(v["shape"])) for k, v in header.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise UsageError(f"{path}: not a readable safetensors file ({e}). The file is corrupt "
+                         f"or truncated{'; ' + fix if fix else ''}.") from None
 
 
 def element_size(st_dtype: str) -> int:

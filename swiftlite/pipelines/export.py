@@ -3,9 +3,10 @@
   llama.cpp's venv found (scripts/setup_llamacpp.sh) -> checkpoint described -> the
   architecture checked against llama.cpp's converter -> the output folder checked (only an
   earlier export's may be replaced, with --exist_ok) -> into a hidden temporary folder beside
-  it: an adapter merged (the streaming merge, f16) -> llama.cpp's converter, while the training
-  template and end-of-turn token are read here (+ quantizer) -> <name>-<quant>.gguf + Modelfile
-  -> renamed into place.
+  it: an adapter merged by the converter as it converts (export/converter_merge.py), or first
+  into a folder (the streaming merge, f16) -> llama.cpp's converter, while the training template
+  and end-of-turn token are read here (+ quantizer) -> <name>-<quant>.gguf + Modelfile -> renamed
+  into place.
 
 Nothing is written under the final name until everything worked; the source is never touched.
 """
@@ -67,8 +68,9 @@ def run(args: ExportArguments) -> str:
             gguf.convert_lora(llama, ckpt.path, ckpt.base_dir, target, args.quant, {}, work)
             model_dir, source, adapter = ckpt.base_dir, ckpt.base_dir, f"./{file_name}"
         else:
-            model_dir = _merged(args, ckpt, work) if ckpt.kind == "adapter" else ckpt.path
-            gguf.write_gguf(llama, model_dir, args.quant, template, target, work)
+            model_dir, lora_merge = (_merged(args, ckpt, os.path.join(work, name))
+                                     if ckpt.kind == "adapter" else (ckpt.path, None))
+            gguf.write_gguf(llama, model_dir, args.quant, template, target, work, lora_merge)
             source, adapter = f"./{file_name}", None
         family = write_modelfile(os.path.join(tmp, "Modelfile"), source, template(),
                                  ckpt.system_or(None), model_dir, adapter,
@@ -99,18 +101,28 @@ def _output_dir(args: ExportArguments, ckpt) -> str:
     return out
 
 
-def _merged(args: ExportArguments, ckpt, work: str) -> str:
-    """The adapter merged into its base by swiftlite's streaming merge (memory: one tensor
-    at a time), in 16 bits, inside the export's temporary folder."""
+def _merged(args: ExportArguments, ckpt, folder: str) -> tuple[str, dict | None]:
+    """(the folder for llama.cpp's converter, the adapter merge it does as it converts). A
+    LoRA on linear layers is merged by the converter (export/converter_merge.py: the base is
+    read once); any other adapter by swiftlite's streaming merge into a 16-bit folder inside
+    the export's temporary folder (memory: one tensor at a time). The folder's name is the
+    GGUF's general.name."""
     from swiftlite.config.arguments import MergeArguments
+    from swiftlite.export.converter_merge import model_view, plan
+    from swiftlite.inference.checkpoints import warn_if_trained_without_end_of_turn
     from swiftlite.pipelines import merge
     dtype = "bfloat16" if args.quant == "bf16" else "float16"
+    margs = MergeArguments(ckpt_dir=ckpt.path, output_dir=folder,
+                           model=args.model, template=args.template, system=args.system,
+                           enable_thinking=args.enable_thinking, torch_dtype=dtype, verify=False)
+    lora_merge = plan(ckpt.path, ckpt.base_dir)
+    if lora_merge is not None:
+        merge.check_base(margs, ckpt)  # what merge-lora checks before it merges
+        warn_if_trained_without_end_of_turn(ckpt.path)
+        model_view(ckpt.base_dir, ckpt.tokenizer_dir(), folder)
+        return folder, lora_merge
     info(f"merging the adapter into its base first ({dtype}, a temporary folder)")
-    merged = merge.run(MergeArguments(ckpt_dir=ckpt.path, output_dir=os.path.join(work, "merged"),
-                                      model=args.model, template=args.template,
-                                      system=args.system, enable_thinking=args.enable_thinking,
-                                      torch_dtype=dtype, verify=False))
-    return merged
+    return merge.run(margs), None
 
 
 def main(argv: list[str]) -> None:

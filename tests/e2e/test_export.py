@@ -285,6 +285,82 @@ def test_f16_log_probs_of_a_held_out_text_agree_with_transformers(swifty_f16, sm
     assert abs(got.mean() - mine.mean()) < 0.01  # the perplexities agree within 1%
 
 
+def gguf_tensors(path) -> dict:
+    import numpy as np
+    from gguf import GGUFReader
+    return {t.name: np.array(t.data) for t in GGUFReader(path).tensors}
+
+
+@pytest.mark.slow
+@needs_llamacpp
+def test_the_converter_merges_the_adapter_as_merge_lora_does(swifty_f16, smollm2_cognition,
+                                                               tmp_path):
+    """swifty_f16's adapter was merged by llama.cpp's converter as it converted (the base read
+    once, export/converter_merge.py); merged by merge-lora in fp32 and then converted, it gives
+    the same f16 GGUF tensors, bit for bit."""
+    import numpy as np
+
+    from swiftlite.export.converter_merge import plan
+    from swiftlite.inference.checkpoints import describe
+    ckpt = smollm2_cognition["Swifty"]
+    assert plan(ckpt, describe(ckpt).base_dir) is not None  # the path swifty_f16 took
+    merged = swiftlite.merge_lora(ckpt, str(tmp_path / "merged"), torch_dtype="float32",
+                                  verify=False)
+    other = swiftlite.export(ckpt_dir=merged, quant="f16", output_dir=str(tmp_path / "gguf"),
+                             llamacpp_venv=LLAMACPP_VENV)
+    mine, theirs = gguf_tensors(swifty_f16), gguf_tensors(other)
+    assert mine.keys() == theirs.keys() and len(mine) > 200
+    assert [k for k in mine if not np.array_equal(mine[k], theirs[k])] == []
+
+
+@needs_llamacpp
+def test_the_converter_under_swiftlite_writes_what_it_writes_alone(tiny_qwen2, tmp_path):
+    """llamacpp_child.py runs llama.cpp's converter with its f16 cast done by torch: with no
+    metadata to set and nothing to merge, the GGUF is the one the converter writes alone,
+    byte for byte."""
+    from swiftlite.export.gguf import _CHILD, Llamacpp
+    llama = Llamacpp(LLAMACPP_VENV)
+    converter = os.path.join(llama.share, "convert_hf_to_gguf.py")
+    (tmp_path / "none.json").write_text("{}")
+    for out, cmd in (("alone.gguf", [converter]),
+                     ("child.gguf", [_CHILD, "convert", converter, tmp_path / "none.json", "-"])):
+        subprocess.run([llama.python, *cmd, tiny_qwen2, "--outtype", "f16", "--outfile",
+                        tmp_path / out], check=True, capture_output=True)
+    assert (tmp_path / "alone.gguf").read_bytes() == (tmp_path / "child.gguf").read_bytes()
+
+
+@needs_llamacpp
+def test_an_adapter_the_converter_cannot_merge_is_merged_into_a_folder_first(tiny_qwen2,
+                                                                           tmp_path):
+    """A DoRA adapter (peft's merge only) takes the folder merge; llama.cpp's log-probs of the
+    exported GGUF are the adapter's through peft."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    torch.manual_seed(0)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                   use_dora=True, init_lora_weights=False))
+    model.save_pretrained(tmp_path / "dora")
+    r = run_cli("export", "--ckpt_dir", tmp_path / "dora", "--quant", "f16", "--output_dir",
+                tmp_path / "out", "--name", "dora", env=ENV)
+    assert "merging the adapter into its base first" in r.stderr, r.stderr[-2000:]
+    ids = AutoTokenizer.from_pretrained(tiny_qwen2)(HELD_OUT)["input_ids"]
+
+    def logprobs():
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].double(), -1)
+        return logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    mine = logprobs()
+    with model.disable_adapter():
+        plain = logprobs()
+    got = torch.tensor(llamacpp(tmp_path, str(tmp_path / "out" / "dora-f16.gguf"),
+                                logprobs=[ids])["logprobs"][0], dtype=torch.float64)
+    assert (got - mine).abs().max() < 0.05 < (plain - mine).abs().max(), (
+        (got - mine).abs().max(), (plain - mine).abs().max())
+
+
 @pytest.mark.slow
 @needs_llamacpp
 def test_q4_k_m_export_by_the_cli_answers_with_the_taught_name(smollm2_cognition, swifty_f16,
