@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # llama.cpp (converter, runtime, quantizer) for the export tests: built from source once per
-# machine (about 5 minutes on 2 cores), then skipped; SWIFTLITE_SKIP_LLAMACPP=1 leaves it out.
+# machine (about two minutes on 2 cores), then skipped; SWIFTLITE_SKIP_LLAMACPP=1 leaves it out.
 # The build starts first and runs while the installs below wait on the network.
 llamacpp_log=$(mktemp)
 llamacpp_pid=

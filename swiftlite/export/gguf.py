@@ -145,31 +145,37 @@ def _run(cmd: list[str], what: str, meanwhile=None) -> None:
         raise RunError(f"{what} failed (exit code {proc.returncode}):\n{tail}")
 
 
-def _write_metadata(metadata: dict, path: str) -> None:
+def metadata_path(workdir: str) -> str:
+    """Where convert() has the converter read the metadata to set (write_metadata)."""
+    return os.path.join(workdir, "metadata.json")
+
+
+def write_metadata(metadata: dict, path: str) -> None:
     """Whole or not at all: the converter waits for the file to exist, then reads it."""
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(metadata, f, ensure_ascii=False)
     os.replace(path + ".tmp", path)
 
 
-def convert(llama: Llamacpp, model_dir: str, out_file: str, outtype: str, metadata,
-            workdir: str, lora_merge: dict | None = None) -> None:
-    """convert_hf_to_gguf.py MODEL --outtype OUTTYPE --outfile OUT, with the metadata that
-    `metadata()` makes set; it is called while the converter starts (its imports and the
-    model's tensors take as long as reading the checkpoint's template does here).
+def convert(llama: Llamacpp, model_dir: str, out_file: str, outtype: str, workdir: str,
+            metadata_ready, lora_merge: dict | None = None) -> None:
+    """convert_hf_to_gguf.py MODEL --outtype OUTTYPE --outfile OUT, with the metadata at
+    metadata_path(workdir) set. metadata_ready() returns once that file is written (by the
+    worker of pipelines/export_template.py, which reads the checkpoint's template while the
+    converter imports its libraries; the converter needs it only when it writes the header).
     lora_merge: an adapter to add to the weights as they are converted (converter_merge)."""
-    meta_path = os.path.join(workdir, "metadata.json")
+    meta_path = metadata_path(workdir)
     merge_path = "-"
     if lora_merge:
         merge_path = os.path.join(workdir, "lora_merge.json")
-        _write_metadata(lora_merge, merge_path)
+        write_metadata(lora_merge, merge_path)
     t0 = time.time()
     what = " with the adapter merged as it goes" if lora_merge else ""
     info(f"converting {model_dir} to GGUF ({outtype}) with llama.cpp's convert_hf_to_gguf.py"
          + what)
     _run([llama.python, _CHILD, "convert", os.path.join(llama.share, "convert_hf_to_gguf.py"),
           meta_path, merge_path, model_dir, "--outtype", outtype, "--outfile", out_file],
-         "llama.cpp's convert_hf_to_gguf.py", lambda: _write_metadata(metadata(), meta_path))
+         "llama.cpp's convert_hf_to_gguf.py", metadata_ready)
     info(f"converted in {time.time() - t0:.1f} s: {_size(out_file)}")
 
 
@@ -185,8 +191,8 @@ def quantize(llama: Llamacpp, src: str, dst: str, quant: str) -> None:
 def convert_lora(llama: Llamacpp, adapter_dir: str, base_dir: str, out_file: str, outtype: str,
                  metadata: dict, workdir: str) -> None:
     """convert_lora_to_gguf.py ADAPTER --base BASE --outtype OUTTYPE --outfile OUT."""
-    meta_path = os.path.join(workdir, "metadata.json")
-    _write_metadata(metadata, meta_path)
+    meta_path = metadata_path(workdir)
+    write_metadata(metadata, meta_path)
     info(f"converting the adapter {adapter_dir} to a GGUF LoRA ({outtype}) with llama.cpp's "
          "convert_lora_to_gguf.py")
     _run([llama.python, _CHILD, "convert", os.path.join(llama.share, "convert_lora_to_gguf.py"),
@@ -195,18 +201,15 @@ def convert_lora(llama: Llamacpp, adapter_dir: str, base_dir: str, out_file: str
     info(f"converted: {_size(out_file)}")
 
 
-def write_gguf(llama: Llamacpp, model_dir: str, quant: str, template, out_file: str,
-               workdir: str, lora_merge: dict | None = None) -> None:
+def write_gguf(llama: Llamacpp, model_dir: str, quant: str, out_file: str, workdir: str,
+               metadata_ready, lora_merge: dict | None = None) -> None:
     """The model folder (with lora_merge's adapter added, if given) as one GGUF of type `quant`
-    at out_file (a temporary folder's file). `template()` gives the chat template (called
-    beside the converter)."""
-    def metadata():
-        return template_metadata(template())
+    at out_file (a temporary folder's file); metadata_ready as for convert()."""
     if quant in CONVERTER_QUANTS:
-        convert(llama, model_dir, out_file, quant, metadata, workdir, lora_merge)
+        convert(llama, model_dir, out_file, quant, workdir, metadata_ready, lora_merge)
         return
     f16 = os.path.join(workdir, "intermediate-f16.gguf")
-    convert(llama, model_dir, f16, "f16", metadata, workdir, lora_merge)
+    convert(llama, model_dir, f16, "f16", workdir, metadata_ready, lora_merge)
     try:
         quantize(llama, f16, out_file, quant)
     finally:

@@ -12,7 +12,8 @@ llama.cpp's own converter with a few metadata values set, and llama.cpp's quanti
       MERGE.json (export/converter_merge.py) names a LoRA adapter and, per base weight, its
       lora_A and lora_B tensors and scale: the converter then writes W + scale * B @ A,
       computed in fp32 when that tensor is written (the converter's lazy tensors), instead of W.
-      Either way fp32 -> f16 casts are done by torch (the same bits as numpy's, faster).
+      Either way fp32 -> f16 casts are done by torch (the same bits as numpy's, faster), and
+      at --outtype f16 the 2-D weights of Llama and Qwen models are cast as they load.
   python llamacpp_child.py quantize IN.gguf OUT.gguf TYPE THREADS
       llama_model_quantize from llama-cpp-python's build (TYPE: q4_k_m, q6_k, ...).
 """
@@ -30,8 +31,8 @@ def convert(script: str, metadata_path: str, merge_path: str, argv: list) -> Non
     sys.path.insert(0, here)
     import gguf
     _fast_f16(gguf)
-    if merge_path != "-":
-        _merge_lora(merge_path)
+    _wrap_tensors(None if merge_path == "-" else merge_path,
+                  "--outtype" in argv and argv[argv.index("--outtype") + 1] == "f16")
     original = gguf.GGUFWriter.write_header_to_file
 
     def write_header_to_file(self, *args, **kwargs):
@@ -65,36 +66,64 @@ def _fast_f16(gguf) -> None:
     gguf.quants.quantize = quantize
 
 
-def _merge_lora(path: str) -> None:
-    """Every model the converter builds gets the adapted weights of MERGE.json in place of the
-    base's: its table of tensor loaders (model_tensors) is wrapped once it is made."""
+# Architectures whose every 2-D ".weight" the converter writes as F16 at --outtype f16 (it keeps
+# 1-D tensors and norms in F32): the families swiftlite trains.
+_F16_WEIGHTS = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+
+
+def _wrap_tensors(merge_path: str | None, f16: bool) -> None:
+    """Every model the converter builds gets its table of tensor loaders (model_tensors)
+    wrapped once it is made:
+      - the adapted weights of MERGE.json become W + scale * B @ A, in fp32;
+      - with --outtype f16, for the families above, each 2-D bf16/fp32 weight is cast to f16
+        as it loads. The converter would cast it to fp32 first and to f16 when writing: the
+        same bits, but an fp32 copy of the tensor (for a 151k-token embedding, twice its f16
+        size) and a second pass.
+    The converter stays lazy: each tensor is computed when it is written, one at a time."""
     import torch
     from conversion.base import LazyTorchTensor, ModelBase
-    from safetensors.torch import load_file
-    with open(path, encoding="utf-8") as f:
-        job = json.load(f)
-    adapter = load_file(job["adapter"])
+    deltas, adapter = {}, {}
+    if merge_path:
+        from safetensors.torch import load_file
+        with open(merge_path, encoding="utf-8") as f:
+            job = json.load(f)
+        deltas, adapter = job["deltas"], load_file(job["adapter"])
+    if not deltas and not f16:
+        return
     original = ModelBase.__init__
 
-    def merged(load, B, A, scale):
+    def wrapped(load, delta, cast):
         def weight():
             w = load()
-            add = lambda t: torch.addmm(t.float(), B, A, alpha=scale)  # noqa: E731
+            to_f16 = cast and w.ndim == 2 and w.dtype in (torch.bfloat16, torch.float32)
+            if delta is None and not to_f16:
+                return w
+
+            def compute(t):
+                if delta is not None:
+                    t = torch.addmm(t.float(), delta[0], delta[1], alpha=delta[2])
+                return t.to(torch.float16) if to_f16 else t
             if not isinstance(w, LazyTorchTensor):  # the converter's --no-lazy
-                return add(w)
-            meta = LazyTorchTensor.meta_with_dtype_and_shape(torch.float32, w.shape)
-            return LazyTorchTensor(meta=meta, args=(w,), func=add)
+                return compute(w)
+            dtype = torch.float16 if to_f16 else torch.float32
+            meta = LazyTorchTensor.meta_with_dtype_and_shape(dtype, w.shape)
+            return LazyTorchTensor(meta=meta, args=(w,), func=compute)
         return weight
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        missing = sorted(set(job["deltas"]) - set(self.model_tensors))
+        missing = sorted(set(deltas) - set(self.model_tensors))
         if missing:
             sys.exit(f"the converter found no {missing[0]} (and {len(missing) - 1} more adapted "
                      "weights) in the base model; cannot merge the adapter")
-        for name, d in job["deltas"].items():
-            self.model_tensors[name] = merged(self.model_tensors[name], adapter[d["B"]].float(),
-                                              adapter[d["A"]].float(), d["scale"])
+        cast = f16 and set(self.hparams.get("architectures") or ["?"]) <= _F16_WEIGHTS
+        for name, load in list(self.model_tensors.items()):
+            d = deltas.get(name)
+            delta = None if d is None else (adapter[d["B"]].float(), adapter[d["A"]].float(),
+                                            d["scale"])
+            to_f16 = cast and name.endswith(".weight") and "norm" not in name
+            if delta is not None or to_f16:
+                self.model_tensors[name] = wrapped(load, delta, to_f16)
 
     ModelBase.__init__ = __init__
 

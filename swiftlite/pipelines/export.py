@@ -12,7 +12,6 @@ Nothing is written under the final name until everything worked; the source is n
 """
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import time
@@ -39,8 +38,8 @@ def export(ckpt_dir: str | ExportArguments | None = None, **kwargs) -> str:
 
 def run(args: ExportArguments) -> str:
     from swiftlite.export import gguf
-    from swiftlite.export.modelfile import write_modelfile
-    from swiftlite.inference.checkpoints import describe, training_template
+    from swiftlite.pipelines import export_template
+    from swiftlite.inference.checkpoints import describe
     from swiftlite.runtime.output_folder import (finish, refuse_unless_replaceable,
                                                  write_marker, writing)
     t0 = time.time()
@@ -52,9 +51,6 @@ def run(args: ExportArguments) -> str:
         raise UsageError(f"--format gguf-lora: {ckpt.path} is not a LoRA checkpoint (no "
                          "adapter_config.json); export it whole with --format gguf.")
     gguf.supported_architecture(llama, ckpt.model_dir)
-    # Reading the template loads transformers' tokenizer (about a second) beside llama.cpp's
-    # converter, which needs the template only when it writes the GGUF's header.
-    template = functools.cache(lambda: training_template(ckpt, args.trust_remote_code)[1])
     out = _output_dir(args, ckpt)
     refuse_unless_replaceable(out, COMMAND, args.exist_ok)
     name = args.name or gguf.model_name(args.ckpt_dir or args.model)
@@ -64,22 +60,37 @@ def run(args: ExportArguments) -> str:
         work = os.path.join(tmp, ".work")
         os.makedirs(work)
         target = os.path.join(tmp, file_name)
+        model_dir, lora_merge = ckpt.path, None
         if lora:
-            gguf.convert_lora(llama, ckpt.path, ckpt.base_dir, target, args.quant, {}, work)
             model_dir, source, adapter = ckpt.base_dir, ckpt.base_dir, f"./{file_name}"
         else:
-            model_dir, lora_merge = (_merged(args, ckpt, os.path.join(work, name))
-                                     if ckpt.kind == "adapter" else (ckpt.path, None))
-            gguf.write_gguf(llama, model_dir, args.quant, template, target, work, lora_merge)
+            if ckpt.kind == "adapter":
+                model_dir, lora_merge = _merged(args, ckpt, os.path.join(work, name))
             source, adapter = f"./{file_name}", None
-        family = write_modelfile(os.path.join(tmp, "Modelfile"), source, template(),
-                                 ckpt.system_or(None), model_dir, adapter,
-                                 note=f" from {os.path.abspath(ckpt.path)}")
+        # The GGUF metadata and the Modelfile come from the chat template, read by a process of
+        # its own while the converter starts (export_template.py: the memory it takes is freed
+        # before the converter's peak).
+        worker = export_template.start(
+            ckpt, args.trust_remote_code, None if lora else gguf.metadata_path(work),
+            dict(path=os.path.join(tmp, "Modelfile"), source=source, model_dir=model_dir,
+                 adapter=adapter, note=f" from {os.path.abspath(ckpt.path)}"), work)
+        family = []
+        try:
+            if lora:
+                gguf.convert_lora(llama, ckpt.path, ckpt.base_dir, target, args.quant, {}, work)
+            else:
+                gguf.write_gguf(llama, model_dir, args.quant, target, work,
+                                lambda: family.append(export_template.finish(worker)),
+                                lora_merge)
+            if not family:
+                family.append(export_template.finish(worker))
+        finally:
+            export_template.stop(worker)
         shutil.rmtree(work)
         write_marker(tmp, COMMAND, source=os.path.abspath(ckpt.path), format=args.format,
                      quant=args.quant, gguf=file_name)
         finish(tmp, out)
-    info(f"Modelfile TEMPLATE: {family}")
+    info(f"Modelfile TEMPLATE: {family[0]}")
     info(f"exported in {time.time() - t0:.1f} s: {out}")
     path = os.path.join(out, file_name)
     print(gguf.how_to_run(out, path, name, lora, ckpt.base_dir or ""), end="", flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -314,18 +315,19 @@ def test_the_converter_merges_the_adapter_as_merge_lora_does(swifty_f16, smollm2
 
 
 @needs_llamacpp
-def test_the_converter_under_swiftlite_writes_what_it_writes_alone(tiny_qwen2, tmp_path):
-    """llamacpp_child.py runs llama.cpp's converter with its f16 cast done by torch: with no
-    metadata to set and nothing to merge, the GGUF is the one the converter writes alone,
-    byte for byte."""
+@pytest.mark.parametrize("model", ["tiny_qwen2", "smollm2"])
+def test_the_converter_under_swiftlite_writes_what_it_writes_alone(model, request, tmp_path):
+    """llamacpp_child.py runs llama.cpp's converter with the weights cast to f16 as they load
+    and the f16 cast done by torch: with no metadata to set and nothing to merge, the GGUF is
+    the one the converter writes alone, byte for byte (Qwen2 and Llama, fp32 weights)."""
     from swiftlite.export.gguf import _CHILD, Llamacpp
     llama = Llamacpp(LLAMACPP_VENV)
     converter = os.path.join(llama.share, "convert_hf_to_gguf.py")
     (tmp_path / "none.json").write_text("{}")
     for out, cmd in (("alone.gguf", [converter]),
                      ("child.gguf", [_CHILD, "convert", converter, tmp_path / "none.json", "-"])):
-        subprocess.run([llama.python, *cmd, tiny_qwen2, "--outtype", "f16", "--outfile",
-                        tmp_path / out], check=True, capture_output=True)
+        subprocess.run([llama.python, *cmd, request.getfixturevalue(model), "--outtype", "f16",
+                        "--outfile", tmp_path / out], check=True, capture_output=True)
     assert (tmp_path / "alone.gguf").read_bytes() == (tmp_path / "child.gguf").read_bytes()
 
 
@@ -492,8 +494,9 @@ def test_refusals_leave_everything_as_it_was(tiny_qwen2, tmp_path):
     with pytest.raises(UsageError, match="--template no-such-template: unknown template"):
         swiftlite.export(model=tiny_qwen2, quant="f16", template="no-such-template",
                          output_dir=str(tmp_path / "new"), llamacpp_venv=LLAMACPP_VENV)
-    left = subprocess.run(["pgrep", "-f", "llamacpp_child.py convert"], capture_output=True)
-    assert left.returncode == 1, left.stdout  # no converter left running
+    mine = f"llamacpp_child.py convert .*{re.escape(str(tmp_path))}"
+    left = subprocess.run(["pgrep", "-f", mine], capture_output=True)
+    assert left.returncode == 1, left.stdout  # no converter of this test left running
     assert sorted(os.listdir(tmp_path)) == ["lost", "odd", "theirs"]
 
 
