@@ -59,8 +59,7 @@ fi
 # What the converter imports (vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt;
 # its torch and transformers pins are relaxed to the versions swiftlite's own venv uses, so the
 # tokenizers swiftlite saves load the same way). After the build, so that scripts/test.sh can
-# start the build before swiftlite's venv exists. --no-compile: modules are compiled when first
-# imported, so setup skips compiling the thousands that never are.
+# start the build before swiftlite's venv exists.
 if ! $VENV/bin/python -c "
 import importlib.metadata as m, importlib.util as u, sys
 mods = ('torch', 'transformers', 'numpy', 'sentencepiece', 'google.protobuf', 'safetensors')
@@ -68,7 +67,7 @@ sys.exit(not all(u.find_spec(x) for x in mods) or m.version('gguf') != '$GGUF_VE
   want() { .venv/bin/python -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null; }
   TORCH=$(want torch || echo 2.13.0+cpu)
   TRANSFORMERS=$(want transformers || echo 5.25.0)
-  $VENV/bin/pip install -q --no-compile "torch==$TORCH" "transformers==$TRANSFORMERS" "gguf==$GGUF_VERSION" \
+  $VENV/bin/pip install -q "torch==$TORCH" "transformers==$TRANSFORMERS" "gguf==$GGUF_VERSION" \
     numpy sentencepiece protobuf safetensors
 fi
 

