@@ -29,6 +29,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -219,12 +220,15 @@ def main() -> None:
     from swiftlite.runtime.hardware import describe_cpu
     emit(bench="machine", cpu=describe_cpu(), date=time.strftime("%Y-%m-%d"))
     work = tempfile.mkdtemp(prefix="bench_export_")
-    if "time" not in a.skip and a.layers:
-        bench_time(synthetic(work, a.layers)[0], a.quant, work, None)
-    elif "time" not in a.skip:
-        bench_time(a.ckpt_dir or adapter(work), a.quant, work, bf16_copy(work))
-    if "ppl" not in a.skip:
-        bench_ppl(work)
+    try:  # models, merges and GGUFs: gigabytes with --layers
+        if "time" not in a.skip and a.layers:
+            bench_time(synthetic(work, a.layers)[0], a.quant, work, None)
+        elif "time" not in a.skip:
+            bench_time(a.ckpt_dir or adapter(work), a.quant, work, bf16_copy(work))
+        if "ppl" not in a.skip:
+            bench_ppl(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
