@@ -12,6 +12,9 @@ SmolLM2-135M, LoRA r8 all-linear, batch 4, max_length 512): first cold, then war
   `vmtouch` (Debian's `vmtouch -e` on the tool's venv, the model and the data).
 - warm: right after the cold run, everything still cached.
 
+swiftlite's rows say whether its read-ahead helper ran (`prefetch`; SWIFTLITE_PREFETCH=0 in the
+environment turns it off, to measure it on and off).
+
 Prints one JSON line per run (tool, round, cold/warm, first_step_s, wall_s, peak RSS, the CPU)
 and appends it to --out. STEPS is small: the first step is what is measured.
 """
@@ -94,6 +97,8 @@ def main() -> None:
                 row = {"tool": tool, "round": rnd, "start": state, "evicted": how,
                        "first_step_s": m.get("first_step_s"), "wall_s": m.get("wall_s"),
                        "peak_rss_mb": m.get("peak_rss_mb"), "steps": a.steps, **machine,
+                       **({"prefetch": os.environ.get("SWIFTLITE_PREFETCH") != "0"}
+                          if tool == "swiftlite" else {}),
                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
                 print(json.dumps(row), flush=True)
                 with open(a.out, "a") as f:

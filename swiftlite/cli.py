@@ -29,6 +29,8 @@ COMMANDS = {
 }
 # Commands that run a model: worth tcmalloc's lower peak memory (see runtime/allocator.py).
 ALLOCATOR_COMMANDS = ("sft", "rlhf", "eval", "infer", "merge-lora", "export", "deploy")
+# Commands whose start reads the training libraries: read ahead (see runtime/prefetch.py).
+PREFETCH_COMMANDS = ("sft", "rlhf")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     if own_process and command in ALLOCATOR_COMMANDS and not {"-h", "--help"} & set(argv):
         from swiftlite.runtime.allocator import reexec_with_tcmalloc  # returns unless it re-executes
         reexec_with_tcmalloc(["-m", "swiftlite.cli", *argv])
+    # Once per run: in the process that stays (after the re-execution), not in each rank
+    if (own_process and command in PREFETCH_COMMANDS and "LOCAL_RANK" not in os.environ
+            and not {"-h", "--help"} & set(argv)):
+        from swiftlite.runtime import prefetch
+        prefetch.start(command, argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from swiftlite.log import hide_library_noise
     hide_library_noise()

@@ -152,6 +152,9 @@ def train(trainer, args, hw, run_dir: str, has_eval: bool, t_start: float,
         if instead is None:
             raise
         raise instead from e
+    if is_main_process():
+        from swiftlite.runtime import prefetch
+        prefetch.record()  # the files this start read, for the next start to read ahead
     metrics = dict(result.metrics)
     if stream_report is not None:
         info(f"stream: {stream_report.summary()}")

@@ -211,3 +211,20 @@ def test_memory_does_not_grow_with_each_new_token_count(smollm2):
     growth = json.loads(out.stdout.strip().splitlines()[-1])["growth_mb"]
     # Measured: 9-14 MB bounded, 102-107 MB with the default 1,024 entries (glibc and tcmalloc)
     assert growth < 40, f"RSS grew by {growth:.0f} MB over 40 new token counts"
+
+
+def test_a_run_writes_down_what_its_start_read(tmp_path):
+    """`swiftlite sft` starts the read-ahead helper and, once trained, writes down the files its
+    start read (runtime/prefetch.py) for the next start: torch's libraries, then its modules."""
+    from helpers.cli import run_cli
+    cache = tmp_path / "cache"
+    run_cli("sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#4", "--max_steps", "1",
+            "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
+            "--output_dir", tmp_path / "run", env={"SWIFTLITE_CACHE": str(cache),
+                                                   "SWIFTLITE_PREFETCH": ""})
+    [listing] = (cache / "prefetch").glob("sft-*.txt")
+    paths = listing.read_text().split()
+    names = [os.path.basename(p) for p in paths]
+    assert "libtorch_cpu.so" in names and all(os.path.isfile(p) for p in paths)
+    code = [p for p in paths if p.endswith(".pyc")]
+    assert any("/transformers/" in p for p in code) and any("/peft/" in p for p in code)
