@@ -37,13 +37,23 @@ def test_sft_help_is_instant():
 @pytest.mark.slow
 def test_commands_run_under_tcmalloc_when_installed(tcmalloc, tiny_qwen2, chat_jsonl, tmp_path):
     """`swiftlite sft` re-executes itself with tcmalloc preloaded when the system has it (CI
-    installs libtcmalloc-minimal4) and says so; SWIFTLITE_ALLOCATOR=glibc keeps glibc."""
+    installs libtcmalloc-minimal4) and says so; SWIFTLITE_ALLOCATOR=glibc keeps glibc. The
+    first run also starts the read-ahead helper and, once trained, writes down the files its
+    start read for the next start (runtime/prefetch.py): torch's libraries, then modules."""
     from helpers.cli import run_cli
     flags = ["sft", "--model", tiny_qwen2, "--dataset", chat_jsonl, "--template", "qwen",
              "--max_steps", "1", "--per_device_train_batch_size", "2", "--report_to", "none",
              "--save_strategy", "no"]
-    r = run_cli(*flags, "--output_dir", tmp_path / "a", env={"SWIFTLITE_ALLOCATOR": ""})
+    cache = tmp_path / "cache"
+    r = run_cli(*flags, "--output_dir", tmp_path / "a", env={
+        "SWIFTLITE_ALLOCATOR": "", "SWIFTLITE_CACHE": str(cache), "SWIFTLITE_PREFETCH": ""})
     assert "memory allocator: tcmalloc" in r.stderr
+    [listing] = (cache / "prefetch").glob("sft-*.txt")
+    paths = listing.read_text().split()
+    assert "libtorch_cpu.so" in map(os.path.basename, paths)
+    assert all(os.path.isfile(p) for p in paths)
+    code = [p for p in paths if p.endswith(".pyc")]
+    assert any("/transformers/" in p for p in code) and any("/peft/" in p for p in code)
     r = run_cli(*flags, "--output_dir", tmp_path / "b", env={"SWIFTLITE_ALLOCATOR": "glibc"})
     assert "memory allocator: glibc (SWIFTLITE_ALLOCATOR=glibc)" in r.stderr
 
@@ -212,19 +222,3 @@ def test_memory_does_not_grow_with_each_new_token_count(smollm2):
     # Measured: 9-14 MB bounded, 102-107 MB with the default 1,024 entries (glibc and tcmalloc)
     assert growth < 40, f"RSS grew by {growth:.0f} MB over 40 new token counts"
 
-
-def test_a_run_writes_down_what_its_start_read(tmp_path):
-    """`swiftlite sft` starts the read-ahead helper and, once trained, writes down the files its
-    start read (runtime/prefetch.py) for the next start: torch's libraries, then its modules."""
-    from helpers.cli import run_cli
-    cache = tmp_path / "cache"
-    run_cli("sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#4", "--max_steps", "1",
-            "--per_device_train_batch_size", "2", "--report_to", "none", "--save_strategy", "no",
-            "--output_dir", tmp_path / "run", env={"SWIFTLITE_CACHE": str(cache),
-                                                   "SWIFTLITE_PREFETCH": ""})
-    [listing] = (cache / "prefetch").glob("sft-*.txt")
-    paths = listing.read_text().split()
-    names = [os.path.basename(p) for p in paths]
-    assert "libtorch_cpu.so" in names and all(os.path.isfile(p) for p in paths)
-    code = [p for p in paths if p.endswith(".pyc")]
-    assert any("/transformers/" in p for p in code) and any("/peft/" in p for p in code)
