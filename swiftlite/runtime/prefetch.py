@@ -42,16 +42,16 @@ def start(command: str, argv: list[str]) -> None:
 
     from swiftlite.runtime.paths import cache_dir
     key = hashlib.sha256(f"{sys.prefix}\0{command}".encode()).hexdigest()[:16]
-    listing = os.path.join(cache_dir("prefetch"), f"{command}-{key}.txt")
-    os.environ[LIST_ENV] = listing  # where this run's `record` writes
-    roots = [LIST_ARG + listing] if os.path.isfile(listing) else package_dirs()
     try:
+        listing = os.path.join(cache_dir("prefetch"), f"{command}-{key}.txt")
+        os.environ[LIST_ENV] = listing  # where this run's `record` writes
+        roots = [LIST_ARG + listing] if os.path.isfile(listing) else package_dirs()
         subprocess.Popen([sys.executable, "-S", os.path.abspath(__file__),
                           *roots, *model_files(argv)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, close_fds=True)
     except OSError:
-        pass  # no helper: the start is as it was
+        pass  # no cache folder or no helper: the start is as it was
 
 
 def record() -> None:

@@ -112,3 +112,13 @@ def test_off_switch(monkeypatch, tmp_path):
     monkeypatch.delenv(prefetch.LIST_ENV, raising=False)
     prefetch.start("sft", [])
     assert prefetch.LIST_ENV not in os.environ and not (tmp_path / "prefetch").exists()
+
+
+def test_an_unwritable_cache_leaves_the_start_as_it_was(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("SWIFTLITE_CACHE", str(blocked / "cache"))  # cannot be made
+    monkeypatch.delenv(prefetch.ENV, raising=False)
+    monkeypatch.delenv(prefetch.LIST_ENV, raising=False)
+    prefetch.start("sft", [])  # no error
+    assert prefetch.LIST_ENV not in os.environ
