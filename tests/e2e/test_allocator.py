@@ -48,11 +48,13 @@ def test_commands_run_under_tcmalloc_when_installed(tcmalloc, tiny_qwen2, chat_j
     r = run_cli(*flags, "--output_dir", tmp_path / "a", env={
         "SWIFTLITE_ALLOCATOR": "", "SWIFTLITE_CACHE": str(cache), "SWIFTLITE_PREFETCH": ""})
     assert "memory allocator: tcmalloc" in r.stderr
+    from swiftlite.runtime.prefetch import to_read
     [listing] = (cache / "prefetch").glob("sft-*.txt")
-    paths = listing.read_text().split()
-    assert "libtorch_cpu.so" in map(os.path.basename, paths)
-    assert all(os.path.isfile(p) for p in paths)
-    code = [p for p in paths if p.endswith(".pyc")]
+    items = to_read([f"@{listing}"])
+    assert all(os.path.isfile(p) for p, _ in items)
+    [(_, spans)] = [(p, s) for p, s in items if os.path.basename(p) == "libtorch_cpu.so"]
+    assert spans  # the byte ranges the start touched
+    code = [p for p, s in items if s is None]
     assert any("/transformers/" in p for p in code) and any("/peft/" in p for p in code)
     r = run_cli(*flags, "--output_dir", tmp_path / "b", env={"SWIFTLITE_ALLOCATOR": "glibc"})
     assert "memory allocator: glibc (SWIFTLITE_ALLOCATOR=glibc)" in r.stderr
