@@ -69,16 +69,23 @@ def record() -> None:
     if not listing:
         return
     try:
-        libs = _touched_libraries()
-    except OSError:
-        return
+        _record(listing)
+    except Exception:  # noqa: BLE001 (a list for the next start must not fail a finished run)
+        pass
+
+
+def _record(listing: str) -> None:
+    libs = _touched_libraries()
     by_package: dict[str, list[str]] = {}
     for path in libs:
         by_package.setdefault(_package(path), []).append(path)
     order, code = [], []
     for m in list(sys.modules.values()):
-        spec = getattr(m, "__spec__", None)
-        path = getattr(spec, "cached", None) or getattr(spec, "origin", None) or ""
+        try:
+            spec = getattr(m, "__spec__", None)
+            path = getattr(spec, "cached", None) or getattr(spec, "origin", None) or ""
+        except Exception:  # noqa: BLE001 (a module object whose attributes raise: skipped)
+            continue
         if path.endswith((".pyc", ".so")) and os.path.isfile(path):
             order += by_package.pop(_package(path), [])
             if path.endswith(".pyc"):
@@ -86,12 +93,9 @@ def record() -> None:
     order += [p for rest in by_package.values() for p in rest]
     lines = [f"{p}\t{_format(libs[p])}" for p in dict.fromkeys(order) if p in libs] + code
     tmp = f"{listing}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(tmp, listing)
-    except OSError:
-        pass
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, listing)
 
 
 def _touched_libraries() -> dict[str, list[tuple[int, int]]]:

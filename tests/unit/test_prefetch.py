@@ -141,3 +141,18 @@ def test_an_unwritable_cache_leaves_the_start_as_it_was(monkeypatch, tmp_path):
     monkeypatch.delenv(prefetch.LIST_ENV, raising=False)
     prefetch.start("sft", [])  # no error
     assert prefetch.LIST_ENV not in os.environ
+
+
+def test_record_never_fails_the_run_it_is_called_from(monkeypatch, tmp_path):
+    """A module object whose attributes raise is skipped; a list that cannot be written is
+    not written, and nothing is raised."""
+    class Odd:
+        def __getattr__(self, name):
+            raise RuntimeError("lazy module")
+    monkeypatch.setitem(sys.modules, "swiftlite_test_odd_module", Odd())
+    monkeypatch.setenv(prefetch.LIST_ENV, str(tmp_path / "sft.txt"))
+    prefetch.record()
+    assert any(s is None for _, s in prefetch.to_read(["@" + str(tmp_path / "sft.txt")]))
+    monkeypatch.setenv(prefetch.LIST_ENV, str(tmp_path / "missing-folder" / "sft.txt"))
+    prefetch.record()
+    assert not (tmp_path / "missing-folder").exists()
