@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"swiftlite: unknown command {command!r}" + (f"; did you mean {close[0]!r}?" if close
               else f"; commands: {', '.join(COMMANDS)}"), file=sys.stderr)
         return 2
-    if own_process and command in ALLOCATOR_COMMANDS and not {"-h", "--help"} & set(argv):
+    runs = own_process and not {"-h", "--help"} & set(argv)  # the command itself, not its help
+    if runs and command in ALLOCATOR_COMMANDS:
         from swiftlite.runtime.allocator import reexec_with_tcmalloc  # returns unless it re-executes
         reexec_with_tcmalloc(["-m", "swiftlite.cli", *argv])
     # Once per run: in the process that stays (after the re-execution), not in each rank
-    if (own_process and command in PREFETCH_COMMANDS and "LOCAL_RANK" not in os.environ
-            and not {"-h", "--help"} & set(argv)):
+    if runs and command in PREFETCH_COMMANDS and "LOCAL_RANK" not in os.environ:
         from swiftlite.runtime import prefetch
         prefetch.start(command, argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -210,9 +210,9 @@ def resident_share(path: str, spans: list[tuple[int, int]] | None = None) -> flo
 def read_ahead(items: list[tuple[str, list[tuple[int, int]] | None]]) -> int:
     """Read each (path, ranges) front to back into one reused buffer; returns the bytes read.
     Nothing when the largest library's listed pages are mostly in memory: the cache is warm."""
-    libs = [(p, s) for p, s in items if ".so" in p] or items
     if not items:
         return 0
+    libs = [(p, s) for p, s in items if ".so" in p] or items
     path, spans = max(libs, key=lambda it: sum(b - a for a, b in it[1]) if it[1] else _size(it[0]))
     if resident_share(path, spans) > 0.5:
         return 0
