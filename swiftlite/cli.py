@@ -76,17 +76,27 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"swiftlite {command}: interrupted", file=sys.stderr)
         return 130
-    _end_process_group()
+    if own_process:
+        _end_rank()
     return 0
 
 
-def _end_process_group() -> None:
-    """A torchrun rank that trained ends its process group before exiting: left to the
-    interpreter's teardown, gloo's threads can abort a finished run ("terminate called without
-    an active exception", seen once in a ZeRO-2 offload test)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+def _end_rank() -> None:
+    """A torchrun rank that finished its command waits for the others (rank 0 writes the plots
+    and metrics after the last collective), ends the process group (DeepSpeed's references to it
+    too), runs the exit handlers and leaves without the interpreter's teardown. Gloo's threads
+    met in that teardown aborted finished runs ("terminate called without an active exception":
+    a ZeRO-2 offload test once, a ZeRO-3 resume in CI once, the other rank still writing)."""
+    from swiftlite.runtime.distributed import barrier, end_process_group, process_group
+    if process_group() is None:
+        return
+    barrier()
+    end_process_group()
+    import atexit
+    atexit._run_exitfuncs()  # logging, report_to integrations: what a normal exit would run
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

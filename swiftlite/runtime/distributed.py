@@ -14,14 +14,14 @@ def rank() -> int:
 
 def barrier() -> None:
     """Wait for every rank, if there is more than one process."""
-    dist = _process_group()
+    dist = process_group()
     if dist is not None and dist.get_world_size() > 1:
         dist.barrier()
 
 
 def all_ranks_min(tensor):
     """The element-wise minimum of `tensor` over every rank (itself in a single process)."""
-    dist = _process_group()
+    dist = process_group()
     if dist is None or dist.get_world_size() == 1:
         return tensor
     out = tensor.clone()
@@ -31,7 +31,7 @@ def all_ranks_min(tensor):
 
 def from_main(value):
     """The main process's `value` on every rank (a picklable object; waits for every rank)."""
-    dist = _process_group()
+    dist = process_group()
     if dist is None or dist.get_world_size() == 1:
         return value
     box = [value]
@@ -56,14 +56,14 @@ def run_scope():
     from swiftlite.log import hide_library_noise
     before = {k: os.environ.get(k) for k in RUN_ENV}
     # Looked up, not imported: a bad data row should fail before torch is even loaded.
-    had_states, had_group = _accelerate_states(), _process_group() is not None
+    had_states, had_group = _accelerate_states(), process_group() is not None
     try:
         with warnings.catch_warnings():  # the caller's warning filters come back afterwards
             hide_library_noise()
             yield
     finally:
-        if not had_group and before["WORLD_SIZE"] is None and _process_group() is not None:
-            _destroy_process_group()  # the group of one that deepspeed.py started
+        if not had_group and before["WORLD_SIZE"] is None and process_group() is not None:
+            end_process_group()  # the group of one that deepspeed.py started
         # Each of accelerate's three shared states that the run created is cleared, as
         # accelerate's own _reset_state does between its tests; one the caller had (e.g. a
         # PartialState from its own TrainingArguments) stays.
@@ -86,13 +86,13 @@ def _accelerate_states() -> set[str]:
             if getattr(state, name)._shared_state}
 
 
-def _process_group():
+def process_group():
     """torch.distributed if a default process group exists (None when not even imported)."""
     dist = sys.modules.get("torch.distributed")
     return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
 
-def _destroy_process_group() -> None:
+def end_process_group() -> None:
     # DeepSpeed keeps its own references to the groups (its world-group clone among them); its
     # destroy releases them too, so a later DeepSpeed run in this process builds fresh ones.
     ds_comm = sys.modules.get("deepspeed.comm.comm")
