@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     if runs and command in ALLOCATOR_COMMANDS:
         from swiftlite.runtime.allocator import reexec_with_tcmalloc  # returns unless it re-executes
         reexec_with_tcmalloc(["-m", "swiftlite.cli", *argv])
+    if own_process:
+        from swiftlite.runtime import imports
+        imports.command_process = True
     # Once per run: in the process that stays (after the re-execution), not in each rank
     if runs and command in PREFETCH_COMMANDS and "LOCAL_RANK" not in os.environ:
         from swiftlite.runtime import prefetch

@@ -12,6 +12,7 @@ import types
 import typing
 from typing import Any, Optional
 
+from swiftlite.config.ta_fields import training_arguments_fields
 from swiftlite.errors import UsageError
 
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
@@ -120,11 +121,6 @@ def _scalar(v, scalar):
     raise ValueError(f"expected text, got {kind} {v!r}; quote the value if it is meant as text")
 
 
-def training_arguments_fields() -> dict[str, dataclasses.Field]:
-    from transformers import TrainingArguments
-    return {f.name: f for f in dataclasses.fields(TrainingArguments) if f.init}
-
-
 def load_config_file(path: str) -> dict:
     if not os.path.isfile(path):
         raise UsageError(f"config file {path}: no such file.")
@@ -161,7 +157,7 @@ def build(cls, values: dict, *, where: str = "arguments"):
             elif "training_args" in own:
                 ta_fields = ta_fields or training_arguments_fields()
                 if name in ta_fields:
-                    extra[name] = convert(value, ta_fields[name].type, name)
+                    extra[name] = convert(value, ta_fields[name], name)
                 else:
                     unknown.append(name)
             else:

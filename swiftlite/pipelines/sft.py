@@ -29,6 +29,8 @@ def main(argv: list[str]) -> None:
                              "--name value (e.g. --report_to none --eval_strategy no). "
                              "--deepspeed presets: " + presets_help())
     args.validate()
+    from swiftlite.runtime.imports import skip_bitsandbytes
+    skip_bitsandbytes(args)  # before anything imports peft
     preflight(args)
     from swiftlite.training.launch import maybe_relaunch
     maybe_relaunch(args)

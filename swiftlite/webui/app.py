@@ -100,9 +100,10 @@ def create_app(output_root: str = "output", policy=None):
 
     policy = policy or Policy(os.path.abspath(output_root))
     manager = RunManager(output_root)
-    # The form checks unknown flags against transformers.TrainingArguments. Import it now:
-    # transformers' lazy imports are not thread-safe, and handlers run in worker threads.
-    from swiftlite.config.parsing import training_arguments_fields
+    # The form checks unknown flags against transformers.TrainingArguments' fields. Read them
+    # now: on a first start that imports transformers, whose lazy imports are not thread-safe,
+    # and handlers run in worker threads.
+    from swiftlite.config.ta_fields import training_arguments_fields
     training_arguments_fields()
     with gr.Blocks(title="swiftlite", analytics_enabled=False) as demo:
         gr.Markdown("## swiftlite: LoRA fine-tuning for Qwen2-class models")

@@ -1,0 +1,95 @@
+"""What a training command's start imports (#42): parsing reads TrainingArguments' fields from
+the cache instead of importing transformers (config/ta_fields.py), and a run that does not use
+bitsandbytes leaves it out (runtime/imports.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from swiftlite.config import parsing
+from swiftlite.config.ta_fields import annotation_text, training_arguments_fields
+from swiftlite.runtime import imports
+
+
+def test_the_kept_text_converts_every_field_as_its_annotation_does():
+    from transformers import TrainingArguments
+    for f in dataclasses.fields(TrainingArguments):
+        if not f.init:
+            continue
+        text = annotation_text(f.type)
+        assert parsing.base_type(text) == parsing.base_type(f.type), (f.name, f.type, text)
+        assert parsing._also_scalar(text) == parsing._also_scalar(f.type), (f.name, text)
+        assert parsing._accepts(text, dict) == parsing._accepts(f.type, dict), (f.name, text)
+
+
+PARSE = """
+import sys
+from swiftlite.config.arguments import SftArguments
+from swiftlite.config.argv import parse_argv
+from swiftlite.errors import UsageError
+args = parse_argv(SftArguments, ["--model", "m", "--dataset", "d", "--dataloader_drop_last",
+                                 "--report_to", "none", "--lr_scheduler_kwargs", "{}"], "t", "")
+try:
+    parse_argv(SftArguments, ["--model", "m", "--dataset", "d", "--dataloader_drop_lst"], "t", "")
+except UsageError as e:
+    hint = str(e)
+print("transformers" in sys.modules, sorted(args.training_args.items()),
+      "dataloader_drop_last" in hint)
+"""
+
+
+def test_a_parse_reads_the_kept_fields_without_importing_transformers(tmp_path, monkeypatch):
+    monkeypatch.setenv("SWIFTLITE_CACHE", str(tmp_path))
+    fields = training_arguments_fields()  # the first parse here imports and keeps them
+    (kept,) = (tmp_path / "transformers").iterdir()
+    assert json.loads(kept.read_text()) == fields and fields["max_steps"] == "int"
+    kept.write_text('{"max_steps": ')  # torn: imported again and written whole
+    assert training_arguments_fields() == fields == json.loads(kept.read_text())
+    r = subprocess.run([sys.executable, "-c", PARSE], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "SWIFTLITE_CACHE": str(tmp_path)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[0] == (
+        "False [('dataloader_drop_last', True), ('lr_scheduler_kwargs', '{}'), "
+        "('report_to', 'none')] True")  # converted and checked by the kept fields
+
+
+SFT = """
+import sys
+from swiftlite.cli import main
+sys.argv = ["swiftlite", "sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#8",
+            "--max_steps", "1", "--report_to", "none", "--output_dir", sys.argv[1]]
+assert main() == 0
+print("bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_without_quant_bits_trains_without_importing_bitsandbytes(tiny_qwen2, tmp_path):
+    """`swiftlite sft` leaves bitsandbytes out before peft would import it, and peft's LoRA
+    trains the same."""
+    env = {**os.environ, "SWIFTLITE_ALLOCATOR": "glibc", "SWIFTLITE_PREFETCH": "0"}
+    r = subprocess.run([sys.executable, "-c", SFT, str(tmp_path / "out")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1] == "True"
+    assert "loss" in r.stderr + r.stdout
+
+
+def test_bitsandbytes_stays_for_a_4bit_base_a_bnb_optimizer_and_the_python_api(monkeypatch):
+    """(A run with --quant_bits through the CLI: test_qlora.py's two-process run.)"""
+    before = sys.modules.get("bitsandbytes", "absent")
+    monkeypatch.setattr(imports, "command_process", True)
+    for args in (dict(quant_bits=4, training_args={}),
+                 dict(quant_bits=None, training_args={"optim": "adamw_bnb_8bit"}),
+                 dict(quant_bits=None, training_args={"optim": "paged_lion_32bit"})):
+        imports.skip_bitsandbytes(types.SimpleNamespace(**args))
+        assert sys.modules.get("bitsandbytes", "absent") is before, args
+    monkeypatch.setattr(imports, "command_process", False)  # swiftlite.sft(...) from Python
+    imports.skip_bitsandbytes(types.SimpleNamespace(quant_bits=None, training_args={}))
+    assert sys.modules.get("bitsandbytes", "absent") is before
