@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if runs and command in ALLOCATOR_COMMANDS:
         from swiftlite.runtime.allocator import reexec_with_tcmalloc  # returns unless it re-executes
         reexec_with_tcmalloc(["-m", "swiftlite.cli", *argv])
+        from swiftlite.runtime import gc_start
+        gc_start.hold()  # until the run's first step or request (see gc_start.py)
     if own_process:
         from swiftlite.runtime import imports
         imports.command_process = True

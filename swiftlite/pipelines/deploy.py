@@ -124,6 +124,8 @@ def deploy(args: DeployArguments | dict | None = None, **kwargs) -> None:
                        null_origin_ok=bool(args.api_key), json_routes=("/v1/",))
     info(f"serving {', '.join(served)} at http://{args.host}:{args.port}/v1"
          + (" (API key required)" if args.api_key else ""))
+    from swiftlite.runtime import gc_start
+    gc_start.release(freeze=True)  # the engine and the app are kept to the end
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

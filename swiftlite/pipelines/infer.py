@@ -239,6 +239,8 @@ def main(argv: list[str]) -> None:
         load_conversations(args.val_dataset, require_reply=False,
                            skip_bad_rows=args.skip_bad_rows)
     engine = load_engine(args)
+    from swiftlite.runtime import gc_start
+    gc_start.release(freeze=True)  # the engine is kept to the end
     gen = args.generation_kwargs()
     tools = read_tools(args.tools)
     if args.query is not None and tools:

@@ -151,6 +151,9 @@ def oom_guard(args, hw=None):
 def free_memory() -> None:
     """Release cached blocks after an OOM, so the process can report and exit cleanly."""
     import gc
+
+    from swiftlite.runtime import gc_start
+    gc_start.unfreeze()  # the model frozen at the first step can be freed now
     gc.collect()
     try:
         from swiftlite.runtime.hardware import accelerator

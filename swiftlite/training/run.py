@@ -143,6 +143,8 @@ def train(trainer, args, hw, run_dir: str, has_eval: bool, t_start: float,
     if args.resume_from_checkpoint:
         info(f"resuming from {args.resume_from_checkpoint}")
     info(f"ready to train after {time.time() - t_start:.1f} s")
+    from swiftlite.runtime import gc_start
+    gc_start.release(freeze=True)  # what the run holds now, it keeps to the end
     try:
         with oom_guard(args, hw):
             result = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)

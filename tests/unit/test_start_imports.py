@@ -60,25 +60,56 @@ def test_a_parse_reads_the_kept_fields_without_importing_transformers(tmp_path, 
 
 
 SFT = """
-import sys
+import gc, json, sys
 from swiftlite.cli import main
+threshold, full = gc.get_threshold(), []  # full: the frozen objects as each full collection began
+gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2
+                    and full.append(gc.get_freeze_count()))
 sys.argv = ["swiftlite", "sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#8",
-            "--max_steps", "1", "--report_to", "none", "--output_dir", sys.argv[1]]
+            "--max_steps", "2", "--report_to", "none", "--output_dir", sys.argv[1]]
 assert main() == 0
-print("bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None)
+print(json.dumps({"no_bnb": "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None,
+                  "full": full, "frozen": gc.get_freeze_count(),
+                  "threshold_back": gc.get_threshold() == threshold}))
 """
 
 
 @pytest.mark.slow
-def test_a_run_without_quant_bits_trains_without_importing_bitsandbytes(tiny_qwen2, tmp_path):
+def test_a_run_starts_without_bitsandbytes_and_without_full_collections(tiny_qwen2, tmp_path):
     """`swiftlite sft` leaves bitsandbytes out before peft would import it, and peft's LoRA
-    trains the same."""
+    trains the same; no full garbage collection runs before the first step, and from there
+    on they run as before, without the objects the run keeps (runtime/gc_start.py)."""
     env = {**os.environ, "SWIFTLITE_ALLOCATOR": "glibc", "SWIFTLITE_PREFETCH": "0"}
     r = subprocess.run([sys.executable, "-c", SFT, str(tmp_path / "out")], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split()[-1] == "True"
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["no_bnb"] is True
+    assert all(frozen > 0 for frozen in seen["full"]), seen["full"]  # none while starting
+    assert seen["frozen"] > 100_000 and seen["threshold_back"] is True
     assert "loss" in r.stderr + r.stdout
+
+
+def test_full_collections_are_held_only_until_released():
+    """hold/release restore the collector's own thresholds; a release without a hold (the
+    Python API: cli.main is not the process's command) changes nothing."""
+    import gc
+
+    from swiftlite.runtime import gc_start
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        gc_start.release(freeze=True)
+        assert gc.get_threshold() == before and gc.get_freeze_count() == frozen
+        gc_start.hold()
+        gc_start.hold()  # a second hold keeps the first one's thresholds to restore
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**6
+        kept = [object() for _ in range(10)]
+        gc_start.release(freeze=True)
+        assert gc.get_threshold() == before and gc.get_freeze_count() > frozen
+        assert kept
+    finally:
+        gc.set_threshold(*before)
+        gc_start.unfreeze()
 
 
 def test_bitsandbytes_stays_for_a_4bit_base_a_bnb_optimizer_and_the_python_api(monkeypatch):
