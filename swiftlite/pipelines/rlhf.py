@@ -30,8 +30,8 @@ def main(argv: list[str]) -> None:
                       "LoRA.", epilog="Every other transformers TrainingArguments field is "
                       "accepted as --name value. --deepspeed presets: " + presets_help())
     args.validate()
-    from swiftlite.runtime.imports import skip_bitsandbytes
-    skip_bitsandbytes(args)  # before anything imports peft
+    from swiftlite.runtime.imports import leave_out_unused
+    leave_out_unused(args)  # before anything imports peft or the Trainer
     from swiftlite.pipelines.sft import preflight
     preflight(args)
     from swiftlite.training.launch import maybe_relaunch

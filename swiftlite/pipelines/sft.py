@@ -29,8 +29,8 @@ def main(argv: list[str]) -> None:
                              "--name value (e.g. --report_to none --eval_strategy no). "
                              "--deepspeed presets: " + presets_help())
     args.validate()
-    from swiftlite.runtime.imports import skip_bitsandbytes
-    skip_bitsandbytes(args)  # before anything imports peft
+    from swiftlite.runtime.imports import leave_out_unused
+    leave_out_unused(args)  # before anything imports peft or the Trainer
     preflight(args)
     from swiftlite.training.launch import maybe_relaunch
     maybe_relaunch(args)

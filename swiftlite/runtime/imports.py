@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 # Set by the `swiftlite` command for its own process (cli.main): a Python caller of the API
-# may import bitsandbytes after a run, so only the command's process leaves it out.
+# may use these libraries after a run, so only the command's process leaves them out.
 command_process = False
 
 # Optimizers that do not use bitsandbytes ("": the Trainer's default); any other keeps it.
@@ -13,13 +13,21 @@ PLAIN_OPTIMIZERS = ("", "adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "a
                     "rmsprop")
 
 
-def skip_bitsandbytes(args) -> None:
-    """peft imports bitsandbytes whenever it is installed, and bitsandbytes imports torch's
-    inductor: about a second of every start (docs/performance.md), for a run with neither a
-    4/8-bit base (--quant_bits) nor one of bitsandbytes' optimizers (adamw_bnb_8bit, paged_*,
-    lion_*, ...). peft then takes it as not installed: importlib finds no module set to None
-    in sys.modules."""
+def leave_out_unused(args) -> None:
+    """Libraries a run does not use are imported anyway by those it does, whenever installed:
+    peft imports bitsandbytes, which imports torch's inductor, and the Trainer (through
+    accelerate) imports DeepSpeed, about 500 modules; each a fraction of a second of every
+    start (docs/performance.md). bitsandbytes is left out of a run with neither a 4/8-bit
+    base (--quant_bits) nor one of its optimizers (adamw_bnb_8bit, paged_*, lion_*, ...),
+    DeepSpeed out of a run without --deepspeed. The libraries then take each as not
+    installed: importlib finds no module set to None in sys.modules."""
+    if not command_process:
+        return
     optim = str((getattr(args, "training_args", None) or {}).get("optim") or "")
-    uses_it = getattr(args, "quant_bits", None) is not None or optim not in PLAIN_OPTIMIZERS
-    if command_process and not uses_it and "bitsandbytes" not in sys.modules:
-        sys.modules["bitsandbytes"] = None
+    unused = []
+    if getattr(args, "quant_bits", None) is None and optim in PLAIN_OPTIMIZERS:
+        unused.append("bitsandbytes")
+    if not getattr(args, "deepspeed", None):
+        unused.append("deepspeed")
+    for name in unused:
+        sys.modules.setdefault(name, None)  # unless imported already

@@ -68,23 +68,25 @@ gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] 
 sys.argv = ["swiftlite", "sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#8",
             "--max_steps", "2", "--report_to", "none", "--output_dir", sys.argv[1]]
 assert main() == 0
-print(json.dumps({"no_bnb": "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None,
+print(json.dumps({"left_out": [m for m in ("bitsandbytes", "deepspeed")
+                               if m in sys.modules and sys.modules[m] is None],
                   "full": full, "frozen": gc.get_freeze_count(),
                   "threshold_back": gc.get_threshold() == threshold}))
 """
 
 
 @pytest.mark.slow
-def test_a_run_starts_without_bitsandbytes_and_without_full_collections(tiny_qwen2, tmp_path):
-    """`swiftlite sft` leaves bitsandbytes out before peft would import it, and peft's LoRA
-    trains the same; no full garbage collection runs before the first step, and from there
+def test_a_run_starts_without_unused_libraries_and_without_full_collections(tiny_qwen2,
+                                                                              tmp_path):
+    """`swiftlite sft` leaves bitsandbytes and DeepSpeed out before peft and the Trainer would
+    import them, and trains the same; no full garbage collection runs before the first step, and from there
     on they run as before, without the objects the run keeps (runtime/gc_start.py)."""
     env = {**os.environ, "SWIFTLITE_ALLOCATOR": "glibc", "SWIFTLITE_PREFETCH": "0"}
     r = subprocess.run([sys.executable, "-c", SFT, str(tmp_path / "out")], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
-    assert seen["no_bnb"] is True
+    assert seen["left_out"] == ["bitsandbytes", "deepspeed"]
     assert all(frozen > 0 for frozen in seen["full"]), seen["full"]  # none while starting
     assert seen["frozen"] > 100_000 and seen["threshold_back"] is True
     assert "loss" in r.stderr + r.stdout
@@ -112,15 +114,20 @@ def test_full_collections_are_held_only_until_released():
         gc_start.unfreeze()
 
 
-def test_bitsandbytes_stays_for_a_4bit_base_a_bnb_optimizer_and_the_python_api(monkeypatch):
-    """(A run with --quant_bits through the CLI: test_qlora.py's two-process run.)"""
-    before = sys.modules.get("bitsandbytes", "absent")
+def test_a_library_stays_for_the_runs_that_use_it_and_for_the_python_api(monkeypatch):
+    """bitsandbytes for a 4-bit base and its optimizers, DeepSpeed for --deepspeed (auto too);
+    the Python API keeps both. (A run with --quant_bits through the CLI: test_qlora.py's
+    two-process run; with --deepspeed: test_deepspeed.py.)"""
+    before = {m: sys.modules.get(m, "absent") for m in ("bitsandbytes", "deepspeed")}
     monkeypatch.setattr(imports, "command_process", True)
-    for args in (dict(quant_bits=4, training_args={}),
-                 dict(quant_bits=None, training_args={"optim": "adamw_bnb_8bit"}),
-                 dict(quant_bits=None, training_args={"optim": "paged_lion_32bit"})):
-        imports.skip_bitsandbytes(types.SimpleNamespace(**args))
-        assert sys.modules.get("bitsandbytes", "absent") is before, args
+    for args in (dict(quant_bits=4, training_args={}, deepspeed="zero2"),
+                 dict(quant_bits=None, training_args={"optim": "adamw_bnb_8bit"},
+                      deepspeed="auto"),
+                 dict(quant_bits=None, training_args={"optim": "paged_lion_32bit"},
+                      deepspeed={"zero_optimization": {"stage": 2}})):
+        imports.leave_out_unused(types.SimpleNamespace(**args))
+        assert {m: sys.modules.get(m, "absent") for m in before} == before, args
     monkeypatch.setattr(imports, "command_process", False)  # swiftlite.sft(...) from Python
-    imports.skip_bitsandbytes(types.SimpleNamespace(quant_bits=None, training_args={}))
-    assert sys.modules.get("bitsandbytes", "absent") is before
+    imports.leave_out_unused(types.SimpleNamespace(quant_bits=None, training_args={},
+                                                   deepspeed=None))
+    assert {m: sys.modules.get(m, "absent") for m in before} == before
