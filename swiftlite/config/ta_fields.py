@@ -19,6 +19,7 @@ import os
 import types
 import typing
 
+from swiftlite.runtime.atomic import write_json
 from swiftlite.runtime.paths import cache_dir
 
 FORMAT = 1  # of the kept text: a change here makes new cache entries
@@ -38,10 +39,7 @@ def training_arguments_fields() -> dict[str, str]:
               if f.init}
     if listing is not None:
         try:
-            tmp = f"{listing}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(fields, f)
-            os.replace(tmp, listing)  # whole or absent, with runs starting side by side
+            write_json(listing, fields)  # whole or absent, with runs starting side by side
         except OSError:
             pass  # a read-only cache: the next start imports again
     return fields

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 
+from swiftlite.runtime.atomic import write_json
 from swiftlite.runtime.paths import cache_dir
 
 SAMPLED_BLOCKS, BLOCK = 16, 64 * 1024  # plus the first and last MiB of each file
@@ -99,7 +100,4 @@ def save(fkey: str, ekey: str, entry: dict) -> None:
     except (OSError, ValueError):
         data = {}
     data[ekey] = entry
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    write_json(path, data)

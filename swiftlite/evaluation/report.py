@@ -2,9 +2,7 @@
 (metrics.json, predictions.jsonl, compare.png) and the table printed in the terminal."""
 from __future__ import annotations
 
-import json
 import math
-import os
 
 from swiftlite.evaluation.metrics import ROUGE_TYPES
 
@@ -54,21 +52,6 @@ def metrics_of(rows_per_set: dict[str, list[dict]], model: str) -> dict:
     every = [r for rows in rows_per_set.values() for r in rows]
     return {"model": model, "overall": summarize(every),
             "datasets": {name: summarize(rows) for name, rows in rows_per_set.items()}}
-
-
-def write_json_lines(path: str, rows: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)  # never a half-written file under the final name
-
-
-def write_json(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-    os.replace(tmp, path)
 
 
 def table(metrics: dict, other: dict | None = None) -> str:

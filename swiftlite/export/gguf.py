@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from swiftlite.config.export_args import CONVERTER_QUANTS, QUANTIZER_QUANTS
 from swiftlite.errors import RunError, UsageError
 from swiftlite.log import info
+from swiftlite.runtime.atomic import write_json
 
 SETUP = "bash scripts/setup_llamacpp.sh"
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llamacpp_child.py")
@@ -152,9 +153,7 @@ def metadata_path(workdir: str) -> str:
 
 def write_metadata(metadata: dict, path: str) -> None:
     """Whole or not at all: the converter waits for the file to exist, then reads it."""
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(metadata, f, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
+    write_json(path, metadata)
 
 
 def convert(llama: Llamacpp, model_dir: str, out_file: str, outtype: str, workdir: str,

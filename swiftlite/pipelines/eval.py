@@ -11,6 +11,7 @@ OUTPUT/predictions.jsonl, prints a table; --compare evaluates a second model on 
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
@@ -18,6 +19,7 @@ import time
 from swiftlite.config.eval_args import EvalArguments
 from swiftlite.config.parsing import build
 from swiftlite.log import info
+from swiftlite.runtime.atomic import write_json, write_lines
 
 
 # -- reading the sets ------------------------------------------------------------------------
@@ -162,6 +164,11 @@ def _check_vllm_can_serve(args: EvalArguments) -> None:
                 check_adapters({name: ckpt.path})
 
 
+def _write_rows(path: str, rows_per_set: dict[str, list[dict]]) -> None:
+    write_lines(path, (json.dumps(r, ensure_ascii=False) for rows in rows_per_set.values()
+                       for r in rows))
+
+
 def _load(args: EvalArguments, target: str | None = None, dtype: str | None = None):
     """The engine of the evaluated model, or of --compare's (a folder: a checkpoint or model
     folder; otherwise a model id or alias) in the first one's dtype unless --torch_dtype says."""
@@ -194,17 +201,15 @@ def run(args: EvalArguments) -> dict:
     os.makedirs(out, exist_ok=True)
     rows, dtype = score_model(sets, args, out)
     metrics = report.metrics_of(rows, label_of(args))
-    report.write_json_lines(os.path.join(out, "predictions.jsonl"),
-                            [r for rs in rows.values() for r in rs])
+    _write_rows(os.path.join(out, "predictions.jsonl"), rows)
     other = None
     if args.compare:
         other_rows, _ = score_model(sets, args, out, args.compare, dtype)
         other = report.metrics_of(other_rows, args.compare)
-        report.write_json_lines(os.path.join(out, "predictions-compare.jsonl"),
-                                [r for rs in other_rows.values() for r in rs])
+        _write_rows(os.path.join(out, "predictions-compare.jsonl"), other_rows)
         metrics["compare"] = other
         report.chart(os.path.join(out, "compare.png"), metrics, other)
-    report.write_json(os.path.join(out, "metrics.json"), metrics)
+    write_json(os.path.join(out, "metrics.json"), metrics, indent=2)
     print(report.table(metrics, other), flush=True)
     info(f"metrics, predictions{' and compare.png' if other else ''} in {out}")
     metrics["output_dir"] = out

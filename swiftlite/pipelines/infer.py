@@ -19,6 +19,7 @@ from swiftlite.config.parsing import build
 from swiftlite.errors import UsageError
 from swiftlite.inference.engine import InferEngine  # noqa: F401  (public: swiftlite.pipelines.infer.InferEngine)
 from swiftlite.log import info
+from swiftlite.runtime.atomic import write_lines
 
 HELP = """commands:
   /clear          forget the conversation so far
@@ -111,11 +112,7 @@ def batch_infer(engine: InferEngine, args: InferArguments) -> tuple[str, list[di
         records.append(rec)
     path = args.result_path or _default_result_path(args)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)  # never a half-written result file
+    write_lines(path, (json.dumps(rec, ensure_ascii=False) for rec in records))
     info(f"{len(records)} answers in {time.time() - t0:.1f} s written to {path}")
     return path, records
 

@@ -17,6 +17,8 @@ import os
 import re
 import time
 
+from swiftlite.runtime.atomic import replacing
+
 RUN_DIR_ENV = "SWIFTLITE_RUN_DIR"
 COMPLETE_MARKER = "swiftlite-complete.json"
 
@@ -149,12 +151,8 @@ def mark_complete(ckpt: str, step: int) -> None:
     size and hash (damaged_files checks them before a resume loads anything)."""
     digests: dict = {}
     files = fsync_tree(ckpt, digests)
-    tmp = os.path.join(ckpt, f".{COMPLETE_MARKER}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replacing(os.path.join(ckpt, COMPLETE_MARKER), fsync=True) as f:
         json.dump({"step": step, "files": files, "time": time.time(), "digests": digests}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(ckpt, COMPLETE_MARKER))
     fd = os.open(ckpt, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -92,10 +92,8 @@ def _record(listing: str) -> None:
                 code.append(path)
     order += [p for rest in by_package.values() for p in rest]
     lines = [f"{p}\t{_format(libs[p])}" for p in dict.fromkeys(order) if p in libs] + code
-    tmp = f"{listing}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, listing)
+    from swiftlite.runtime.atomic import write_lines  # not at the top: the helper runs alone (-S)
+    write_lines(listing, lines)
 
 
 def _touched_libraries() -> dict[str, list[tuple[int, int]]]:

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from swiftlite.errors import UsageError
+from swiftlite.runtime.atomic import write_json
 from swiftlite.runtime.output import RUN_DIR_ENV, claim_run_dir, is_complete
 
 STATE_FILE, LOG_FILE = "webui.json", "webui.log"
@@ -63,10 +64,7 @@ def write_state(run_dir: str, **updates) -> dict:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         state = {**read_state(run_dir), **updates}
-        tmp = os.path.join(run_dir, f".{STATE_FILE}.{os.getpid()}.{threading.get_ident()}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(state, f, indent=2)
-        os.replace(tmp, os.path.join(run_dir, STATE_FILE))
+        write_json(os.path.join(run_dir, STATE_FILE), state, indent=2)
     finally:
         os.close(fd)  # releases the lock
     return state

@@ -11,6 +11,7 @@ import json
 import os
 
 from swiftlite.log import info
+from swiftlite.runtime.atomic import replacing
 
 
 def _weights_fingerprint(folder: str) -> list:
@@ -57,9 +58,8 @@ def with_reference_logps(model, dataset, report, collator, args, hw, adapter: st
                                                 args.per_device_eval_batch_size, device,
                                                 use_adapters=as_is)
         if path:
-            tmp = f"{path}.tmp-{os.getpid()}"
-            torch.save((chosen, rejected), tmp)
-            os.replace(tmp, path)
+            with replacing(path, "wb") as f:
+                torch.save((chosen, rejected), f)
             info(f"reference log-probs cached in {path}")
     return dataset.add_column("ref_chosen_logps", chosen).add_column("ref_rejected_logps",
                                                                      rejected)
