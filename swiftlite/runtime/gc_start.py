@@ -1,18 +1,19 @@
 """Python's cyclic garbage collector during a command's start (#42).
 
-A start imports torch, transformers, peft and their kin: over half a million objects that live
-as long as the process. Python runs a full collection, which scans every one of them, whenever
-the long-lived objects have grown by a quarter since the last; so a start paid for about ten
-full collections (each longer than the one before, up to 0.2 s), and a training run for one
-every few steps afterwards, each finding next to nothing to free (figures in
-docs/performance.md). Young objects, where garbage cycles are, are collected all along.
+A start imports torch, transformers, peft and their kin: hundreds of thousands of objects that
+live as long as the process. Python runs a full collection, which scans every one of them,
+whenever the long-lived objects have grown by a quarter since the last; so a start paid for a
+series of full collections, each longer than the one before, and a training run for one every
+few steps afterwards, each finding next to nothing to free (figures in docs/performance.md).
+Young objects, where garbage cycles are, are collected all along.
 
 So the command's own process (cli.main) holds full collections back while it starts, and
-`release` lets them run again when the start is over: before the first training step, the
-first request a server answers, the first prompt of a chat. A training run also freezes what
-it holds then (model, data, trainer: kept to the end of the run) out of later collections'
-reach. It does not collect first: on SmolLM2 that full collection took 0.2 s to free 238
-objects. Python API callers keep their own collector settings.
+`release` lets them run again when the start is over: before the first training step, once
+infer's model or deploy's server is ready. Those processes also freeze what they hold then
+(model, data, trainer, engine: kept to the end) out of later collections' reach, without a
+collection first (it found next to nothing to free, at the price of one full scan). eval, which
+loads and unloads models (each unload collecting), merge-lora and export hold full collections
+back to their end. Python API callers keep their own collector settings.
 """
 from __future__ import annotations
 
