@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 
 _held: tuple[int, int, int] | None = None  # the thresholds to restore
+_froze = False  # release(freeze=True) froze this process' objects (not a Python caller)
 
 
 def hold() -> None:
@@ -33,16 +34,20 @@ def hold() -> None:
 def release(freeze: bool = False) -> None:
     """Full collections as before hold(). freeze: this process keeps what it holds now to its
     end; leave those objects out of every later collection."""
-    global _held
+    global _held, _froze
     if _held is None:
         return
     gc.set_threshold(*_held)
     _held = None
     if freeze:
         gc.freeze()
+        _froze = True
 
 
 def unfreeze() -> None:
     """Objects frozen by release(freeze=True) can be freed by a collection again (the run is
-    dropping its model: an out-of-memory error)."""
-    gc.unfreeze()
+    dropping its model: an out-of-memory error). A Python caller's own freeze stays."""
+    global _froze
+    if _froze:
+        gc.unfreeze()
+        _froze = False

@@ -112,6 +112,23 @@ def test_full_collections_are_held_only_until_released():
     finally:
         gc.set_threshold(*before)
         gc_start.unfreeze()
+    assert gc.get_freeze_count() == frozen
+
+
+def test_an_out_of_memory_error_leaves_a_callers_own_freeze_alone():
+    """The Python API: a caller that froze its objects itself, then ran out of memory in a
+    run (training.oom.free_memory); only what gc_start froze is unfrozen."""
+    import gc
+
+    from swiftlite.training.oom import free_memory
+    gc.freeze()  # the caller's
+    try:
+        frozen = gc.get_freeze_count()
+        free_memory()
+        # still frozen (an unfreeze empties it; a few frozen objects may be freed meanwhile)
+        assert frozen > 0 and gc.get_freeze_count() > frozen // 2
+    finally:
+        gc.unfreeze()
 
 
 def test_a_library_stays_for_the_runs_that_use_it_and_for_the_python_api(monkeypatch):
