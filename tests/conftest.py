@@ -85,7 +85,6 @@ def tiny_run(tmp_path_factory, tiny_qwen2, chat_jsonl):
         output_dir=str(tmp_path_factory.mktemp("tiny_run"))))  # default report_to: tensorboard (runs/)
 
 
-# -- servers (swiftlite deploy in a child process) -----------------------------------------------
 # -- libraries kept in memory for the suite's child processes (see resident_libraries.py) ---------
 RESIDENT = {
     sys.executable: ("torch", "transformers", "peft", "datasets", "accelerate", "deepspeed",
@@ -93,31 +92,55 @@ RESIDENT = {
 }
 
 
-@pytest.fixture(scope="session", autouse=True)
-def resident_libraries(tmp_path_factory):
+_helpers: list[subprocess.Popen] = []
+
+
+def pytest_sessionstart(session):
     """One helper per venv holding the libraries that the suite's child processes import
-    (vLLM's venv too, when there is one); they end with the session."""
+    (vLLM's venv too, when there is one), started once per run: by pytest-xdist's controller,
+    before it starts the workers, or by plain pytest. They end with the run."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
     venvs = dict(RESIDENT)
     if os.path.exists(VLLM_PYTHON):
         venvs[VLLM_PYTHON] = ("vllm.entrypoints.openai.api_server", "vllm.v1.engine.core",
                               "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.cpu_worker")
-    log = open(tmp_path_factory.getbasetemp() / "resident_libraries.log", "w")
-    helpers = [subprocess.Popen([python, os.path.join(REPO, "tests", "helpers", "resident_libraries.py"),
-                                 *modules], stdout=subprocess.PIPE, stderr=log, text=True)
-               for python, modules in venvs.items()]
-    # Wait until they hold their files (about 30 s): importing next to a test would take CPU
+    log = open(session.config._tmp_path_factory.getbasetemp() / "resident_libraries.log", "w")
+    _helpers.extend(subprocess.Popen([python, os.path.join(REPO, "tests", "helpers",
+                                                           "resident_libraries.py"), *modules],
+                                     stdout=subprocess.PIPE, stderr=log, text=True)
+                    for python, modules in venvs.items())
+    # Wait until they hold their files (about 20 s): importing next to a test would take CPU
     # from its two OpenMP threads, which then wait for each other.
-    for helper in helpers:
+    for helper in _helpers:
         for line in helper.stdout:  # libraries print to stdout too; the helper's line ends it
             log.write(line)
             if line.startswith("resident_libraries:"):
                 break
-    log.flush()
-    yield
-    for helper in helpers:
+    log.close()
+
+
+def pytest_sessionfinish(session):
+    for helper in _helpers:
         helper.kill()
         helper.wait()
-    log.close()
+
+
+# -- the order the two workers take the files in -------------------------------------------------
+# The files that take longest, longest first (measured with --durations; scripts/test.sh passes
+# --no-loadscope-reorder so that pytest-xdist hands files out in this order): the suite then ends
+# on short files on both workers, instead of one finishing a long file alone. The rest follow in
+# collection order.
+LONGEST_FIRST = (
+    "test_deepspeed.py", "test_rlhf.py", "test_export.py", "test_tool_calling.py",
+    "test_webui_browser.py", "test_eval.py", "test_allocator.py", "test_deploy_logprobs.py",
+    "test_deploy_vllm.py", "test_deploy.py", "test_reliability.py", "test_merge.py",
+    "test_infer.py", "test_qlora.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
 
 
 # -- SmolLM2 self-cognition adapters ---------------------------------------------------------------
