@@ -9,16 +9,16 @@ cd "$(dirname "$0")/.."
 # vLLM's CPU build in a venv of its own for the --infer_backend vllm tests (SWIFTLITE_SKIP_VLLM=1
 # leaves it out and those tests skip, saying so); swiftlite's own venv, in the foreground.
 logs=$(mktemp -d)
+declare -A pids
 background() {  # name, command...: runs it in the background, its output in $logs/name
   local name=$1
   shift
-  (if "$@" >"$logs/$name" 2>&1; then echo 0; else echo $?; fi >"$logs/$name.rc") &
+  "$@" >"$logs/$name" 2>&1 &
+  pids[$name]=$!
 }
 finished() {  # name, what a failure means: waits for it (if started), then shows how it ended
-  [ -e "$logs/$1" ] || return 0
-  while [ ! -f "$logs/$1.rc" ]; do sleep 1; done
-  if [ "$(cat "$logs/$1.rc")" = 0 ]; then tail -1 "$logs/$1"; else
-    tail -40 "$logs/$1"; echo "$1 failed: $2"; fi
+  [ -n "${pids[$1]:-}" ] || return 0
+  if wait "${pids[$1]}"; then tail -1 "$logs/$1"; else tail -40 "$logs/$1"; echo "$1 failed: $2"; fi
   echo "setup: $1 done at ${SECONDS} s"
 }
 [ "${SWIFTLITE_SKIP_LLAMACPP:-0}" = 1 ] || background llamacpp bash scripts/setup_llamacpp.sh
@@ -41,11 +41,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "missing: sudo apt-get install -y ${missing[*]} (the browser, allocator and Modelfile tests will fail or skip)"
   fi
 fi
+export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+# The venv's tools first, as in an activated venv (DeepSpeed finds the venv's ninja, whose
+# command hash keys its cache of built ops).
+export PATH="$PWD/.venv/bin:$PATH"
 # DeepSpeed JIT-builds two CPU ops on first use and caches them under ~/.cache/torch_extensions:
 # CPU Adam (offload_optimizer: cpu) and its shared-memory all-reduce. Built here, with the rest
-# of the setup, so that the suite's time is the tests'. The venv's tools first, as in an
-# activated venv (DeepSpeed finds the venv's ninja, whose command hash keys that cache).
-PATH="$PWD/.venv/bin:$PATH" .venv/bin/python scripts/build_deepspeed_ops.py \
+# of the setup, so that the suite's time is the tests'.
+.venv/bin/python scripts/build_deepspeed_ops.py \
   || echo "DeepSpeed's CPU ops did not build here: the first DeepSpeed tests will try again"
 echo "setup: DeepSpeed's CPU ops done at ${SECONDS} s"
 finished apt "the browser, allocator and Modelfile tests will fail or skip"
@@ -53,9 +56,6 @@ finished vllm "the vLLM tests will skip"
 finished llamacpp "the GGUF export tests will skip"
 rm -rf "$logs"
 echo "setup: ${SECONDS} s"
-export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
-# The venv's tools first, as in an activated venv (the tests' DeepSpeed runs find its ninja).
-export PATH="$PWD/.venv/bin:$PATH"
 # Two pytest workers (pytest-xdist), a test file each at a time: most of the suite waits on a
 # child process starting (a CLI, a server, a browser), so one worker left a core idle. The
 # trained checkpoints that files share are made once (tests/conftest.py: once). The files go out
