@@ -39,8 +39,8 @@ def build_parser(cls, prog: str, description: str, epilog: str = "") -> argparse
             help_text += f" (default: {shown})"
         kw = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         choices = f.metadata.get("choices")
-        if is_list:
-            kw.update(nargs="+", metavar="VALUE")
+        if is_list:  # a flag given twice adds to it: --dataset a.jsonl --dataset b.jsonl
+            kw.update(nargs="+", action="extend", metavar="VALUE")
         elif scalar is bool:
             kw.update(nargs="?", const="true", metavar="true|false")
         elif choices:
@@ -63,10 +63,31 @@ def parse_argv(cls, argv: list[str], prog: str, description: str, epilog: str = 
         where = f"command line or config file {argv[0]}"
         argv = argv[1:]
     parser = build_parser(cls, prog, description, epilog)
-    ns, rest = parser.parse_known_args(argv)
+    ns, rest = parser.parse_known_args(_joined_negative_numbers(argv))
     values.update(vars(ns))
     values.update(flag_pairs(rest))
     return build(cls, values, where=where)
+
+
+def _joined_negative_numbers(argv: list[str]) -> list[str]:
+    """`--flag -1e-4` -> `--flag=-1e-4`: argparse (3.11) takes a negative number in exponent
+    form for a flag of its own and stops with "expected one argument"."""
+    out = []
+    for tok in argv:
+        if (tok.startswith("-") and out and out[-1].startswith("--") and "=" not in out[-1]
+                and _is_number(tok)):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+    except ValueError:
+        return False
+    return True
 
 
 def flag_pairs(tokens: list[str], where: str = "command line") -> dict:

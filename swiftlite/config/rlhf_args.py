@@ -95,6 +95,10 @@ class RlhfArguments(SftArguments, PreferenceArguments):
             problems.append("--rlhf_type kto computes its reference with each batch (its KL "
                             "pairs change with the batch): drop --precompute_ref_log_probs / "
                             "--adapters, or use dpo")
+        if kind == "kto" and self.mutated_init:
+            problems.append(f"--init_lora_weights {self.init_lora_weights} with --rlhf_type kto: "
+                            "KTO's reference is the model with its adapters off, which PiSSA/"
+                            "OLoRA leave as a residual of the base; use true or gaussian")
         if kind not in NEEDS_REFERENCE and self.precompute_ref_log_probs:
             problems.append(f"--precompute_ref_log_probs: --rlhf_type {kind} has no reference "
                             "model")

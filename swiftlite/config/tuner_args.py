@@ -44,6 +44,12 @@ class LoraArguments:
     lora_bias: bool = arg(False, "a trained bias on each lora_B (peft's lora_bias)",
                           group="tuner")
 
+    @property
+    def mutated_init(self) -> bool:
+        """PiSSA/OLoRA: part of each base weight starts in the adapter, so the model with its
+        adapters switched off is a residual, not the base."""
+        return self.train_type == "lora" and self.init_lora_weights.startswith(MUTATED_INIT)
+
     def lora_variant_problems(self) -> list[str]:
         """The variants' values, and the combinations peft cannot run, one sentence each."""
         init, problems = self.init_lora_weights, []

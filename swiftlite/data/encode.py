@@ -87,6 +87,9 @@ class Encoder:
     chunk: Callable
 
 
+REJECTED = "rejected by the chat template"  # the reason rows are counted under
+
+
 def cache_key(conversations: list, template: ChatTemplate, max_length: int, strategy: str,
               encoder_name: str = "sft") -> str:
     h = hashlib.sha256()
@@ -120,18 +123,17 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
     encoder = encoder or SFT_ENCODER
     job = (conversations, template, max_length, truncation_strategy, name, encoder)
     if not use_cache:
-        tmp = os.path.join(cache_dir("datasets"), f".{name}-uncached.tmp-{os.getpid()}")
-        try:
-            report = _encode(job, tmp, skip_bad_rows, num_proc)
-            return _open(tmp), report  # memory-mapped: the folder can go (Linux keeps the map)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        return _encode_uncached(job, skip_bad_rows, num_proc)
     key = cache_key(conversations, template, max_length, truncation_strategy, encoder.name)
     path = os.path.join(cache_dir("datasets"), f"{name}-{key}")
     with _entry_lock(path):
-        cached = load_cached(path, name)
+        cached = load_cached(path, name, skip_bad_rows)
         if cached is not None:
             return cached
+        if not skip_bad_rows and _left_out_rejected(path):
+            # A --skip_bad_rows run's entry: encoding again names those rows and stops; the
+            # entry stays for such runs.
+            return _encode_uncached(job, skip_bad_rows, num_proc)
         _sweep(path)
         tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
         try:
@@ -163,10 +165,31 @@ def _entry_lock(path: str):
         yield
 
 
-def load_cached(path: str, name: str):
-    """(dataset, EncodeReport) of a complete cache entry, or None."""
+def _encode_uncached(job, skip_bad_rows: bool, num_proc: int):
+    tmp = os.path.join(cache_dir("datasets"), f".{job[4]}-uncached.tmp-{os.getpid()}")
+    try:
+        report = _encode(job, tmp, skip_bad_rows, num_proc)
+        return _open(tmp), report  # memory-mapped: the folder can go (Linux keeps the map)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _left_out_rejected(path: str) -> bool:
+    """Whether a complete cache entry left out rows the template rejects."""
+    try:
+        with open(os.path.join(path, "swiftlite_report.json")) as f:
+            return bool(json.load(f)["dropped"].get(REJECTED))
+    except (OSError, ValueError, KeyError, AttributeError):
+        return False
+
+
+def load_cached(path: str, name: str, skip_bad_rows: bool = True):
+    """(dataset, EncodeReport) of a complete cache entry, or None. Without skip_bad_rows, an
+    entry that left out rows the template rejects is None too: encoding again names them."""
     report_path = os.path.join(path, "swiftlite_report.json")
     if not os.path.exists(report_path):  # absent, or cut short before its report
+        return None
+    if not skip_bad_rows and _left_out_rejected(path):
         return None
     try:
         ds = _open(path)
@@ -288,7 +311,7 @@ def count_rejected(part: "Counts", conv, name: str, template: ChatTemplate, e: E
     """Count a conversation the template cannot render, and say where it came from."""
     where = conv.get("where", f"{name} sample") if isinstance(conv, dict) else name
     part.rejected.append(f"{where}: {template.describe()} cannot render it: {e}")
-    part.dropped["rejected by the chat template"] += 1
+    part.dropped[REJECTED] += 1
 
 
 def _sft_chunk(chunk: list, template: ChatTemplate, max_length: int, strategy: str, name: str):

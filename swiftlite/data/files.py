@@ -24,21 +24,29 @@ READ_BLOCK = 16 * 2 ** 20  # bytes read at a time when a whole file is scanned
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
-    """'data.jsonl#500' -> ('data.jsonl', 500)."""
+    """'data.jsonl#500' -> ('data.jsonl', 500). Only a trailing '#' and digits is a count: a
+    '#' elsewhere ('exp#2/data.jsonl') belongs to the path."""
     path, sep, n = spec.rpartition("#")
-    if not sep:
+    if not sep or not n.isdigit() or os.path.exists(spec):
         return spec, None
-    if not n.isdigit() or int(n) <= 0:
+    if int(n) <= 0:
         raise UsageError(f"--dataset {spec}: after '#' comes a positive number of rows to "
                          f"sample, e.g. {path}#500.")
     return path, int(n)
 
 
+def no_such_file(path: str) -> str:
+    """What to say of a dataset path that is neither a file nor a built-in."""
+    hint = (" After '#' comes a positive number of rows to sample, e.g. "
+            f"{path.rpartition('#')[0]}#500." if "#" in path else "")
+    return (f"--dataset {path}: no such file, and not a built-in dataset "
+            f"({', '.join(BUILTIN)}).{hint}")
+
+
 def read_rows(path: str) -> list[tuple[str, object]]:
     """[(where, row)] for a file; `where` is 'file:line' (jsonl) or 'file row N'."""
     if not os.path.exists(path):
-        raise UsageError(f"--dataset {path}: no such file, and not a built-in dataset "
-                         f"({', '.join(BUILTIN)}).")
+        raise UsageError(no_such_file(path))
     ext = os.path.splitext(path)[1].lower()
     if ext == ".jsonl":
         return [(where, row) for where, row, _ in jsonl_rows(path)]
@@ -56,16 +64,7 @@ def read_rows(path: str) -> list[tuple[str, object]]:
             raise UsageError(f"{path}: a .json dataset must be a list of rows.")
         return [(f"{path} row {i}", r) for i, r in enumerate(data, 1)]
     if ext == ".csv":
-        # Long replies are legitimate: allow cells far beyond the csv module's 128 KiB default.
-        csv.field_size_limit(max(csv.field_size_limit(), CSV_CELL_LIMIT))
-        reader = csv.DictReader(io.StringIO(_read_text(path), newline=""))
-        rows = []
-        try:  # line numbers count the header as line 1
-            for i, r in enumerate(reader, 2):
-                rows.append((f"{path}:{i}", dict(r)))
-        except csv.Error as e:
-            raise UsageError(f"{path}:{reader.line_num}: unreadable CSV ({e}).") from None
-        return rows
+        return _csv_rows(path)
     if ext == ".parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -77,6 +76,34 @@ def read_rows(path: str) -> list[tuple[str, object]]:
         return [(f"{path} row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
     raise UsageError(f"--dataset {path}: unsupported file type {ext or '(none)'}; use .jsonl, "
                      ".json, .csv or .parquet.")
+
+
+def _csv_rows(path: str) -> list[tuple[str, object]]:
+    """[(file:line, row or BadRow)]: each record named by the line it starts on (a quoted cell
+    may span lines; blank lines are skipped), and a record with more cells than the header is
+    a BadRow: an unquoted comma in a reply would otherwise cut the reply short unnoticed."""
+    # Long replies are legitimate: allow cells far beyond the csv module's 128 KiB default.
+    csv.field_size_limit(max(csv.field_size_limit(), CSV_CELL_LIMIT))
+    reader = csv.reader(io.StringIO(_read_text(path), newline=""))
+    rows, header = [], None
+    try:
+        while True:
+            line = reader.line_num + 1
+            cells = next(reader, None)
+            if cells is None:
+                return rows
+            if not cells:
+                continue
+            if header is None:
+                header = cells
+            elif len(cells) > len(header):
+                rows.append((f"{path}:{line}", BadRow(
+                    f"{len(cells)} cells, the header has {len(header)}: quote cells that contain "
+                    'commas ("It is 4, of course.")', "extra CSV cells")))
+            else:  # missing trailing cells are None, as csv.DictReader gives them
+                rows.append((f"{path}:{line}", dict(zip(header, cells + [None] * len(header)))))
+    except csv.Error as e:
+        raise UsageError(f"{path}:{reader.line_num}: unreadable CSV ({e}).") from None
 
 
 def jsonl_rows(path: str, start: int = 0, end: int | None = None, line: int = 1):

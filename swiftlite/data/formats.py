@@ -3,7 +3,8 @@
 
   messages        {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": str,
                    "tool_calls": [...], "reasoning_content": str, "loss": bool}, ...],
-                   optional "tools"}; ms-swift's "tool_call"/"tool_response" roles too
+                   optional "tools", "system"}; OpenAI's "weight": 0|1 for "loss";
+                   ms-swift's "tool_call"/"tool_response" roles too
   sharegpt        {"conversations": [{"from": "human"|"gpt"|"system"|"function_call"|
                    "observation", "value": str}, ...], optional "system", "tools"}
   alpaca          {"instruction", "input" (optional), "output", "system" (optional),
@@ -25,23 +26,25 @@ _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assista
                    "system": "system", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
                    "function_call": "tool_call", "tool_call": "tool_call",
                    "observation": "tool", "tool": "tool", "tool_response": "tool"}
-_MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "loss", "name",
+_MESSAGE_KEYS = ("role", "content", "tool_calls", "reasoning_content", "loss", "weight", "name",
                  "tool_call_id")
 
 __all__ = ["BadRow", "FORMATS", "detect_format", "to_conversation", "to_messages",
            "check_messages"]
 
 
-def detect_format(row: dict) -> str | None:
+def detect_format(row: dict, require_reply: bool = True) -> str | None:
+    """The format of a row; without require_reply (prompts to answer, e.g. `infer
+    --val_dataset`) alpaca and query-response rows need no reply column."""
     if not isinstance(row, dict):
         return None
     if "messages" in row:
         return "messages"
     if "conversations" in row:
         return "sharegpt"
-    if "instruction" in row and "output" in row:
+    if "instruction" in row and ("output" in row or not require_reply):
         return "alpaca"
-    if "query" in row and "response" in row:
+    if "query" in row and ("response" in row or not require_reply):
         return "query-response"
     return None
 
@@ -64,6 +67,11 @@ def to_conversation(row: dict, fmt: str, *, require_reply: bool = True) -> dict:
             if not isinstance(m, dict) or "role" not in m:
                 raise BadRow(f"messages[{i}] has no 'role'", "missing role")
             out.append(_message(m, i, f"messages[{i}]"))
+        if row.get("system"):  # beside the messages, as other tools export it
+            if out and out[0]["role"] == "system":
+                raise BadRow("two system prompts: a top-level 'system' and a system message "
+                             "first in 'messages'; keep one", "two system prompts")
+            out.insert(0, {"role": "system", "content": row["system"]})
     elif fmt == "sharegpt":
         convs = row.get("conversations")
         if not isinstance(convs, list):
@@ -135,14 +143,31 @@ def _message(m: dict, i: int, where: str) -> dict:
             if not isinstance(m[key], str):
                 raise BadRow(f"{where}: '{key}' must be a string", f"non-string {key}")
             out[key] = m[key]
-    if "loss" in m and m["loss"] is not None:
-        if not isinstance(m["loss"], bool):
-            raise BadRow(f"{where}: 'loss' must be true or false, got {m['loss']!r}", "bad loss")
+    loss = _loss(m, where)
+    if loss is not None:
         if role != "assistant":
-            raise BadRow(f"{where}: 'loss' is only for assistant messages (the {role} message "
-                         "is never trained)", "bad loss")
-        out["loss"] = m["loss"]
+            raise BadRow(f"{where}: 'loss' (OpenAI's 'weight') is only for assistant messages "
+                         f"(the {role} message is never trained)", "bad loss")
+        out["loss"] = loss
     return out
+
+
+def _loss(m: dict, where: str) -> bool | None:
+    """Whether an assistant message is trained, from swiftlite's `loss` (true/false) or OpenAI's
+    `weight` (1/0); None when the message says neither."""
+    loss = m.get("loss")
+    if loss is not None and not isinstance(loss, bool):
+        raise BadRow(f"{where}: 'loss' must be true or false, got {loss!r}", "bad loss")
+    weight = m.get("weight")
+    if weight is None:
+        return loss
+    if isinstance(weight, bool) or weight not in (0, 1):
+        raise BadRow(f"{where}: 'weight' (OpenAI's fine-tuning format) is 0 or 1, got "
+                     f"{weight!r}", "bad loss")
+    if loss is not None and loss != bool(weight):
+        raise BadRow(f"{where}: 'loss' {str(loss).lower()} and 'weight' {weight} disagree; "
+                     "keep one", "bad loss")
+    return bool(weight)
 
 
 def _merge_tool_calls(msgs: list[dict]) -> list[dict]:
@@ -217,3 +242,10 @@ def check_messages(msgs: list[dict], *, require_reply: bool = True) -> None:
         prev = m
     if require_reply and turns[-1]["role"] != "assistant":
         raise BadRow("the conversation does not end with an assistant reply", "no reply")
+    for i, m in enumerate(msgs):  # e.g. an empty CSV cell: it would teach stopping at once
+        if (require_reply and m["role"] == "assistant" and m.get("loss") is not False
+                and not m["content"].strip() and not m.get("tool_calls")
+                and not m.get("reasoning_content")):
+            raise BadRow(f"message {i} (assistant) is empty: trained, it would teach the model to "
+                         "end its turn at once (write the reply, or mark it \"loss\": false)",
+                         "empty reply")

@@ -141,8 +141,8 @@ class Template(ChatTemplate):
                 put(p["assistant"].replace("{content}", m["content"]), index=k)
                 put(p["assistant_suffix"])
             else:
-                raise TemplateRejected(f"the {self.name} template cannot render the role "
-                                       f"{m['role']!r} (system, user, assistant)")
+                raise TemplateRejected(f"it has no place for the role {m['role']!r} (only "
+                                       "system, user, assistant)")
         if add_generation_prompt:
             put(p["assistant_header"])
         return "".join(parts), spans

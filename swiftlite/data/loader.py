@@ -112,7 +112,7 @@ def load_datasets(specs: list[str], *, seed: int = 42, skip_bad_rows: bool = Fal
     for spec in specs:
         path, n = parse_spec(spec)
         raw_rows, lazy = open_rows(path, model_name, model_author)
-        fmt = file_format(raw_rows, skip_bad_rows, task)
+        fmt = file_format(raw_rows, skip_bad_rows, task, require_reply)
         files.append((path, fmt, require_reply))
         if lazy:
             good = _check_jsonl(path, fmt, require_reply, len(files) - 1, num_proc, report,
@@ -198,10 +198,12 @@ def _checked(row, where: str, fmt, require_reply: bool, report: LoadReport, erro
         return None
 
 
-def file_format(raw_rows, skip_bad_rows: bool, task: str = "sft") -> str | None:
+def file_format(raw_rows, skip_bad_rows: bool, task: str = "sft",
+                require_reply: bool = True) -> str | None:
     """The dataset format of a file, from its first rows that have one (None when no row
     has one and skip_bad_rows lets every row be skipped)."""
-    detect = detect_preference_format if task == "preference" else detect_format
+    detect = detect_preference_format if task == "preference" else (
+        lambda row: detect_format(row, require_reply))
     first_where, first = None, None
     for where, row, _ in raw_rows():
         first_where = first_where or where
@@ -232,7 +234,7 @@ def check_row(row, where: str, fmt: str | None, require_reply: bool = True) -> d
     if isinstance(row, BadRow):
         raise row
     preference = fmt in PAIR_FORMATS or fmt in KTO_FORMATS
-    own = detect_preference_format(row) if preference else detect_format(row)
+    own = detect_preference_format(row) if preference else detect_format(row, require_reply)
     if fmt is None:
         raise BadRow("unknown format", "unknown format")
     if own is None and isinstance(row, dict) and not set(row) & _KEYS[fmt]:

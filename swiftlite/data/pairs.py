@@ -9,8 +9,10 @@ Replies are assistant messages as in SFT rows, so they may carry tool calls and 
 
   pair-messages   ms-swift: "messages" ending with the chosen reply, plus "rejected_response"
                   (a string) or "rejected_messages" (the whole conversation, rejected last)
-  pair-trl        TRL: "prompt" / "chosen" / "rejected", message lists or strings; without
-                  "prompt" the prompt is what chosen and rejected share (TRL's implicit prompt)
+  pair-trl        TRL: "prompt" / "chosen" / "rejected", message lists or strings; the prompt
+                  may be "question" or "query" instead, or "messages" beside string replies;
+                  without any, the prompt is what chosen and rejected share (TRL's implicit
+                  prompt, cut back to a whitespace); a "system" beside them comes first
   pair-sharegpt   LLaMA-Factory: "conversations" plus "chosen" / "rejected" turns ({from, value})
   pair-alpaca     LLaMA-Factory: "instruction" / "input" / "chosen" / "rejected" strings
   kto-messages    ms-swift: "messages" ending with the completion, plus "label"
@@ -155,12 +157,17 @@ def _prompt(value, row: dict) -> tuple[list, list | None]:
         value = [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise BadRow("'prompt' must be a string or a list of messages", "bad prompt")
-    conv = to_conversation({"messages": value, "tools": row.get("tools")}, "messages",
-                           require_reply=False)
+    conv = to_conversation({"messages": value, "tools": row.get("tools"),
+                            "system": row.get("system")}, "messages", require_reply=False)
     if conv["messages"][-1]["role"] == "assistant":
         raise BadRow("the prompt ends with an assistant turn: the reply to learn must be in "
                      "'chosen' / 'rejected' / 'completion'", "prompt ends with assistant")
     return conv["messages"], conv.get("tools")
+
+
+# Where a TRL-style pair may hold its prompt: TRL's own key, then the names other datasets use
+# (Intel/orca_dpo_pairs: question), then a conversation beside two string replies.
+_PROMPT_KEYS = ("prompt", "question", "query", "messages")
 
 
 def _trl_pair(row: dict) -> dict:
@@ -168,25 +175,29 @@ def _trl_pair(row: dict) -> dict:
     for key, v in (("chosen", chosen), ("rejected", rejected)):
         if v is None:
             raise BadRow(f"'{key}' is missing", f"missing {key}")
-    if row.get("prompt") is not None:
-        prompt, tools = _prompt(row["prompt"], row)
+    key = next((k for k in _PROMPT_KEYS if row.get(k) is not None), None)
+    if key is not None:
+        prompt, tools = _prompt(row[key], row)
         return _pair(prompt, _reply(chosen, "chosen"), _reply(rejected, "rejected"), tools)
     # the implicit prompt: what chosen and rejected share
     if isinstance(chosen, str) and isinstance(rejected, str):
         n = 0
         while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
             n += 1
-        n = max(chosen.rfind(" ", 0, n + 1), 0)  # never inside a word
+        while n > 0 and not chosen[n - 1].isspace():  # never inside a word
+            n -= 1
         if not chosen[:n].strip():
             raise BadRow("'chosen' and 'rejected' share no prompt; add 'prompt'", "no prompt")
-        return _pair([{"role": "user", "content": chosen[:n].strip()}],
-                     _reply(chosen[n:].lstrip(), "chosen"),
+        prompt, _ = _prompt(chosen[:n].strip(), row)
+        return _pair(prompt, _reply(chosen[n:].lstrip(), "chosen"),
                      _reply(rejected[n:].lstrip(), "rejected"), None)
     if not (isinstance(chosen, list) and isinstance(rejected, list)):
         raise BadRow("'chosen' and 'rejected' must both be message lists or both strings",
                      "bad chosen")
-    conv_c = to_conversation({"messages": chosen, "tools": row.get("tools")}, "messages")
-    conv_r = to_conversation({"messages": rejected, "tools": row.get("tools")}, "messages")
+    conv_c = to_conversation({"messages": chosen, "tools": row.get("tools"),
+                              "system": row.get("system")}, "messages")
+    conv_r = to_conversation({"messages": rejected, "tools": row.get("tools"),
+                              "system": row.get("system")}, "messages")
     pc, reply_c, tools = _split_last(conv_c, "chosen")
     pr, reply_r, _ = _split_last(conv_r, "rejected")
     if pc != pr:

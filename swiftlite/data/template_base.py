@@ -16,7 +16,8 @@ from swiftlite.errors import UsageError
 
 class TemplateRejected(ValueError):
     """A template cannot render a conversation (its own raise_exception, or a role or tool
-    call it has no syntax for). str(e) is the reason."""
+    call it has no syntax for). str(e) is the reason, without naming the template: the caller
+    does."""
 
 _FIELDS = ("name", "prefix", "system", "user", "assistant_header", "assistant",
            "assistant_suffix", "default_system", "stop_words", "description")
@@ -131,9 +132,9 @@ class ChatTemplate:
     def check_renderable(self, messages: list[dict], tools) -> None:
         if (tools or any(m["role"] == "tool" or m.get("tool_calls") for m in messages)) \
                 and not self.supports_tools:
-            raise TemplateRejected(f"the {self.describe()} cannot render tools, tool calls or "
-                                   "tool messages; use a model whose own chat template does "
-                                   "(e.g. Qwen2.5-Instruct, Qwen3) or a --template that does")
+            raise TemplateRejected("it has no place for tools, tool calls or tool messages; "
+                                   "use a model whose own chat template does (e.g. "
+                                   "Qwen2.5-Instruct, Qwen3) or a --template that does")
 
     def encode_prompt(self, messages: list[dict], tools=None) -> list[int]:
         """Token ids of a conversation ending with a user (or tool) turn, plus the generation

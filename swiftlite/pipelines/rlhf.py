@@ -187,11 +187,13 @@ def _run(args: RlhfArguments) -> TrainResult:
     tokenizer.chat_template = template.to_jinja()
 
     # 4. The reference: the model with its adapters off, computed with each batch; or once,
-    # before training (asked for; an SFT adapter that goes on training; full fine-tuning).
+    # before training (asked for; an SFT adapter that goes on training; full fine-tuning; a
+    # PiSSA/OLoRA init, whose adapters switched off leave a residual of the base).
     from swiftlite.training.preference.collator import PreferenceCollator
     collator = PreferenceCollator(tokenizer.pad_token_id or 0, args.padding_free)
     precompute = args.rlhf_type in NEEDS_REFERENCE and (
-        args.precompute_ref_log_probs or adapter is not None or args.train_type == "full")
+        args.precompute_ref_log_probs or adapter is not None or args.train_type == "full"
+        or args.mutated_init)
     if precompute:
         from swiftlite.training.preference.reference import with_reference_logps
         train_ds = with_reference_logps(model, train_ds, report, collator, args, hw, adapter)

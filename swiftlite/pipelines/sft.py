@@ -177,8 +177,9 @@ def _run(args: SftArguments) -> TrainResult:
     else:
         ekey = manifest.encoding_key(template, args.max_length, args.truncation_strategy)
         hit = manifest.lookup(fkey, ekey) if warm else None
-        train = hit and load_cached(hit["train"], "train")
-        val = hit and (load_cached(hit["val"], "val") if hit["val"] else (None, None))
+        train = hit and load_cached(hit["train"], "train", args.skip_bad_rows)
+        val = hit and (load_cached(hit["val"], "val", args.skip_bad_rows) if hit["val"]
+                       else (None, None))
         if train and val:  # (a cache entry swept meanwhile: read the data after all)
             load_report = LoadReport.from_dict(hit["load_report"])
             info(f"dataset: {load_report.summary()} (these files were read before: "

@@ -72,7 +72,9 @@ def warn_unmergeable_bias(model, config) -> None:
 
 
 def mutated_init(config) -> bool:
-    return str(config.init_lora_weights).lower().startswith(("pissa", "olora"))
+    """A peft LoraConfig's init is PiSSA/OLoRA (config.tuner_args.MUTATED_INIT)."""
+    from swiftlite.config.tuner_args import MUTATED_INIT
+    return str(config.init_lora_weights).lower().startswith(MUTATED_INIT)
 
 
 # -- PiSSA / OLoRA: saved converted, resumed from the conversion -------------------------------

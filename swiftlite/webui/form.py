@@ -170,7 +170,7 @@ def to_args(raw: dict, extra: str = "", *, output_root: str | None = None,
 
 def check_paths(args: SftArguments) -> list[str]:
     """Typed paths must exist and be of the right kind; nothing is downloaded to check."""
-    from swiftlite.data.files import BUILTIN, parse_spec
+    from swiftlite.data.files import BUILTIN, no_such_file, parse_spec
     from swiftlite.models.registry import MODELS, lookup
     problems = []
     m = args.model
@@ -193,8 +193,7 @@ def check_paths(args: SftArguments) -> list[str]:
         if path in BUILTIN:
             continue
         if not os.path.isfile(path):
-            problems.append(f"--dataset {spec}: no such file, and not a built-in dataset "
-                            f"({', '.join(BUILTIN)})")
+            problems.append(no_such_file(path).rstrip("."))
     if isinstance(args.deepspeed, str) and args.deepspeed.endswith(".json") and \
             not os.path.isfile(args.deepspeed):
         problems.append(f"--deepspeed {args.deepspeed}: no such file")

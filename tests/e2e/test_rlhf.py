@@ -30,6 +30,16 @@ LAYOUTS = {
                       "rejected": {"from": "gpt", "value": BAD["content"]}},
     "pair-alpaca": {"instruction": PROMPT[0]["content"], "chosen": GOOD["content"],
                     "rejected": BAD["content"]},
+    # the prompt under other names (Intel/orca_dpo_pairs: question), or as messages
+    "pair-trl (question)": {"question": PROMPT[0]["content"], "chosen": GOOD["content"],
+                            "rejected": BAD["content"]},
+    "pair-trl (query)": {"query": PROMPT[0]["content"], "chosen": GOOD["content"],
+                         "rejected": BAD["content"]},
+    "pair-trl (messages)": {"messages": PROMPT, "chosen": GOOD["content"],
+                            "rejected": BAD["content"]},
+    "pair-trl (implicit prompt, strings)": {
+        "chosen": f"{PROMPT[0]['content']}\n{GOOD['content']}",
+        "rejected": f"{PROMPT[0]['content']}\n{BAD['content']}"},
 }
 
 
@@ -75,6 +85,19 @@ def test_every_layout_gives_the_same_pair(layout, tmp_path):
     (pair,) = load_datasets([path], task="preference").train
     assert pair["messages"] == PROMPT and pair["chosen"] == GOOD and pair["rejected"] == BAD
     assert pair["where"] == f"{path}:1"
+
+
+@pytest.mark.parametrize("row", [
+    {"system": "Be brief.", "question": PROMPT[0]["content"], "chosen": GOOD["content"],
+     "rejected": BAD["content"]},
+    {"system": "Be brief.", "prompt": PROMPT, "chosen": [GOOD], "rejected": [BAD]},
+    {"system": "Be brief.", "instruction": PROMPT[0]["content"], "chosen": GOOD["content"],
+     "rejected": BAD["content"]},
+])
+def test_a_system_prompt_beside_the_pair_comes_first(row, tmp_path):
+    from swiftlite.data import load_datasets
+    (pair,) = load_datasets([write_jsonl(tmp_path / "p.jsonl", [row])], task="preference").train
+    assert pair["messages"] == [{"role": "system", "content": "Be brief."}, *PROMPT]
 
 
 def test_kto_rows_and_pairs_split_into_labelled_rows(tmp_path):
@@ -270,6 +293,26 @@ def test_first_loss_is_ln2_with_the_default_dtype_and_speedups(pairs_jsonl, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_first_loss_is_ln2_when_the_adapter_init_moves_the_base(pairs_jsonl, tmp_path):
+    """PiSSA and OLoRA move part of each weight into the adapter: switched off, it leaves the
+    residual, not the starting model, so the reference is the starting model's, precomputed
+    (and cached apart from a default init's). No dropout: on a PiSSA adapter (B not 0) it
+    would change the policy's first step."""
+    import swiftlite
+    from swiftlite.config.rlhf_args import RlhfArguments
+    from swiftlite.errors import UsageError
+    init = "pissa_niter_2"  # OLoRA takes the same path
+    for i, how in enumerate((init, "true")):
+        run = swiftlite.rlhf(dataset=[pairs_jsonl], max_steps=1, init_lora_weights=how,
+                             precompute_ref_log_probs=True, lora_dropout=0.0,
+                             output_dir=str(tmp_path / str(i)), **TINY)
+        assert read_log(run.output_dir)[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    with pytest.raises(UsageError, match=f"--init_lora_weights {init} with --rlhf_type kto"):
+        RlhfArguments(model="m", dataset=["d"], rlhf_type="kto", init_lora_weights=init,
+                      per_device_train_batch_size=2).validate()
+
+
 def test_resume_matches_uninterrupted(dpo_run, pairs_jsonl, tmp_path):
     import swiftlite
     resumed = swiftlite.rlhf(dataset=[pairs_jsonl], max_steps=8, save_steps=4,

@@ -113,7 +113,7 @@ def test_sampling_syntax_is_seeded_and_repeats(tmp_path):
     big, _ = load_conversations([f"{path}#25"])
     assert len(big) == 25
     with pytest.raises(UsageError, match="positive number"):
-        parse_spec(f"{path}#x")
+        parse_spec(f"{path}#0")
 
 
 def test_self_cognition_fills_name_and_author():
@@ -259,9 +259,14 @@ def test_rows_the_template_rejects_are_named_before_training(tmp_path, tiny_qwen
     template = get_template(None, AutoTokenizer.from_pretrained(tiny_qwen2))
     with pytest.raises(UsageError) as e:
         encode_dataset(convs, template, max_length=128)
-    assert f"{path}:2:" in str(e.value) and "cannot render tools" in str(e.value)
+    assert f"{path}:2:" in str(e.value) and "cannot render it: it has no place for tools" in str(e.value)
+    assert "the the" not in str(e.value)
     ds, rep = encode_dataset(convs, template, max_length=128, skip_bad_rows=True)
     assert len(ds) == 1 and rep.dropped == {"rejected by the chat template": 1}
+    # the lenient run's cache entry does not let a strict run pass over the same row
+    with pytest.raises(UsageError, match=f"{path}:2:"):
+        encode_dataset(convs, template, max_length=128)
+    assert encode_dataset(convs, template, max_length=128, skip_bad_rows=True)[1].from_cache
 
 
 def test_split_comes_before_sampling_so_no_validation_row_is_a_training_copy(tmp_path):

@@ -213,7 +213,7 @@ def test_json_fast_path_is_proven_identical(own_templates):
 def test_tools_need_a_template_that_renders_them(own_templates):
     from swiftlite.data.template import TemplateRejected
     msgs = CASES["tools with several functions, one call"][0]
-    with pytest.raises(TemplateRejected, match="cannot render tools"):
+    with pytest.raises(TemplateRejected, match="no place for tools"):
         get_template(None, own_templates[0]).encode(msgs, [WEATHER])
 
 

@@ -3,7 +3,8 @@ training and kept beside the encoded pairs in the cache, so that a second run on
 and reference reuses them and each step runs the policy alone.
 
 The cache key covers what the numbers depend on: the encoded pairs (their cache entry), the
-model's weights files, the adapter that is the reference (or none), and the dtype."""
+model's weights files, the adapter that is the reference (or none), the dtype, and a PiSSA/OLoRA
+init (the reference is then the starting model with its adapters on)."""
 from __future__ import annotations
 
 import hashlib
@@ -33,7 +34,8 @@ def _key(report, args, adapter: str | None) -> str | None:
     h = hashlib.sha256(json.dumps([
         report.cache_path, _weights_fingerprint(model_dir),
         _weights_fingerprint(adapter) if adapter else None, args.torch_dtype,
-        args.quant_bits, args.attn_impl]).encode())
+        args.quant_bits, args.attn_impl] + ([args.init_lora_weights] * args.mutated_init)
+    ).encode())
     return h.hexdigest()[:20]
 
 
@@ -50,7 +52,8 @@ def with_reference_logps(model, dataset, report, collator, args, hw, adapter: st
     else:
         device = "cuda" if hw.device == "cuda" else hw.device
         model.to(device)
-        as_is = adapter is not None or args.train_type == "full"  # the model as it starts
+        # the model as it starts (with a PiSSA/OLoRA init, adapters on: off is a residual)
+        as_is = adapter is not None or args.train_type == "full" or args.mutated_init
         what = (f"the adapters of {adapter}" if adapter else "the model as it starts") if as_is \
             else "the model without its adapters"
         info(f"computing the reference log-probs of {len(dataset)} pairs once ({what}) ...")
