@@ -35,9 +35,10 @@ class ExportArguments:
     format: str = arg("gguf", "gguf: the whole model as one GGUF (llama.cpp, LM Studio, "
                       "Ollama); gguf-lora: the adapter alone (llama.cpp's --lora, Ollama's "
                       "ADAPTER), for a GGUF of its base model", choices=FORMATS, group="export")
-    quant: str = arg("q4_k_m", "GGUF type: f16, bf16, q8_0 (the converter's own), or q6_k, "
-                     "q5_k_m, q4_k_m, q4_0 (llama.cpp's quantizer, from f16); gguf-lora: f16, "
-                     "bf16 or q8_0", choices=QUANTS, group="export")
+    quant: Optional[str] = arg(None, "GGUF type: f16, bf16, q8_0 (the converter's own), or "
+                               "q6_k, q5_k_m, q4_k_m, q4_0 (llama.cpp's quantizer, from f16); "
+                               "gguf-lora: f16, bf16 or q8_0 (default: q4_k_m; gguf-lora: f16)",
+                               group="export")
     output_dir: Optional[str] = arg(None, "where the .gguf and the Modelfile go (default: "
                                     "<ckpt_dir or model folder>-gguf)", group="export")
     name: Optional[str] = arg(None, "file and Ollama model name (default: from the folder, "
@@ -50,7 +51,11 @@ class ExportArguments:
     trust_remote_code: bool = same_as(ModelArguments, "trust_remote_code")
 
     def validate(self) -> "ExportArguments":
+        if self.quant is None:
+            self.quant = "f16" if self.format == "gguf-lora" else "q4_k_m"
         problems = checkpoint_or_model_problems(self) + check_choices(self)
+        if self.quant not in QUANTS:
+            problems.append(f"--quant {self.quant}: choose one of {', '.join(QUANTS)}")
         if self.format == "gguf-lora":
             if self.quant in QUANTS and self.quant not in LORA_QUANTS:
                 problems.append(f"--quant {self.quant}: a GGUF LoRA adapter is written by "

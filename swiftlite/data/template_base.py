@@ -136,6 +136,20 @@ class ChatTemplate:
                                    "use a model whose own chat template does (e.g. "
                                    "Qwen2.5-Instruct, Qwen3) or a --template that does")
 
+    def reply_opening(self, messages: list[dict], tools=None) -> str:
+        """What the template writes at the start of a reply to `messages`, before its content
+        (Qwen3: "<think>\n\n</think>\n\n"; most templates: nothing): the rendering with a
+        reply, between the prompt and the reply's text."""
+        mark = "\u2063swiftlite-reply\u2063"
+        try:
+            text, _ = self.render(messages + [{"role": "assistant", "content": mark}],
+                                  tools=tools)
+            prompt = self.render_prompt(messages, tools=tools)
+        except TemplateRejected:
+            return ""
+        i = text.find(mark)
+        return text[len(prompt):i] if i >= len(prompt) and text.startswith(prompt) else ""
+
     def encode_prompt(self, messages: list[dict], tools=None) -> list[int]:
         """Token ids of a conversation ending with a user (or tool) turn, plus the generation
         prompt."""

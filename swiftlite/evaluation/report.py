@@ -21,14 +21,14 @@ def _mean(rows: list[dict], key: str) -> float:
 def summarize(rows: list[dict]) -> dict:
     """The metrics of a list of scored rows (one set, or all of them)."""
     import sacrebleu
-    from swiftlite.evaluation.metrics import bleu_text
+    from swiftlite.evaluation.metrics import bleu_texts
     out: dict = {"rows": len(rows)}
     text = [r for r in rows if "rouge1" in r]
     if text:
         out.update({k: _mean(text, k) for k in ROUGE_TYPES})
-        out["bleu4"] = sacrebleu.corpus_bleu([bleu_text(r.get("content", r["response"]))
-                                              for r in text],
-                                             [[bleu_text(r["reference"]) for r in text]]).score
+        hyps, refs = zip(*(bleu_texts(r.get("content", r["response"]), r["reference"])
+                           for r in text))
+        out["bleu4"] = sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score
         out["exact_match"] = _mean(text, "exact_match")
     generated = [r for r in rows if "finish_reason" in r]
     if generated:

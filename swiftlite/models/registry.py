@@ -87,15 +87,15 @@ def _read_json(path: str) -> dict:
     return data
 
 
-def check_model_name(model: str) -> None:
+def check_model_name(model: str, flag: str = "--model") -> None:
     """The checks of resolve_model that need neither a build nor a download, so that a typo
-    in --model is reported before the data is read."""
+    in --model (or the `flag` that names a model) is reported before the data is read."""
     if not model:
-        raise UsageError("--model is required: a local model folder, a hub id such as "
+        raise UsageError(f"{flag} is required: a local model folder, a hub id such as "
                          "Qwen/Qwen2-1.5B-Instruct, or an alias such as SmolLM2-135M-Instruct.")
     if os.path.isdir(model):
         if not os.path.exists(os.path.join(model, "config.json")):
-            raise UsageError(f"--model {model}: the folder has no config.json, so it is not a "
+            raise UsageError(f"{flag} {model}: the folder has no config.json, so it is not a "
                              "Hugging Face model folder.")
         _read_json(os.path.join(model, "config.json"))  # damaged: say so before reading data
         return
@@ -103,7 +103,7 @@ def check_model_name(model: str) -> None:
         import difflib
         close = difflib.get_close_matches(model, list(MODELS), n=1)
         hint = f"Did you mean {close[0]}? " if close else ""
-        raise UsageError(f"--model {model}: no such folder, and not a hub id (org/name) or a known "
+        raise UsageError(f"{flag} {model}: no such folder, and not a hub id (org/name) or a known "
                          f"alias. {hint}Known aliases: {', '.join(MODELS)}.")
 
 

@@ -31,9 +31,8 @@ def read_sets(args: EvalArguments) -> dict[str, dict]:
     from swiftlite.errors import UsageError
     from swiftlite.evaluation import choice
     sets = {}
-    for spec in args.eval_dataset:
+    for spec, name in zip(args.eval_dataset, _set_names(args.eval_dataset)):
         path, n = parse_spec(spec)
-        name = os.path.basename(path) if spec == path else os.path.basename(spec)
         raw = read_rows(path) if os.path.isfile(path) else []
         if raw and choice.is_choice_file(raw[0][1]):
             items = choice.check_rows(raw, path)
@@ -53,6 +52,17 @@ def read_sets(args: EvalArguments) -> dict[str, dict]:
     return sets
 
 
+def _set_names(specs: list[str]) -> list[str]:
+    """Each set's name: its file name (with #N), or the spec as given where two would share
+    one (a/test.jsonl, b/test.jsonl)."""
+    from swiftlite.errors import UsageError
+    twice = sorted({s for s in specs if specs.count(s) > 1})
+    if twice:
+        raise UsageError(f"--eval_dataset {' '.join(twice)}: given twice")
+    names = [os.path.basename(s) for s in specs]
+    return [s if names.count(n) > 1 else n for s, n in zip(specs, names)]
+
+
 # -- scoring one model -----------------------------------------------------------------------
 def score_chat(engine, convs: list[dict], answers: list, args: EvalArguments) -> list[dict]:
     """Each row with its answer, scores and (--eval_loss, which needs engine.model) loss."""
@@ -62,16 +72,18 @@ def score_chat(engine, convs: list[dict], answers: list, args: EvalArguments) ->
         ref = c["messages"][-1]
         row = {"messages": c["messages"][:-1], "reference": ref.get("content") or "",
                "response": a.text, "finish_reason": a.finish_reason, "tokens": a.tokens}
+        # What is scored is the reply's text alone: without its reasoning (Qwen3's think
+        # block, empty or not) and, on rows that offer tools, without its calls.
+        reply = engine.parse(a.text)
+        row["content"] = reply["content"]
         if c.get("tools"):
             row["tools"] = c["tools"]
-            reply = engine.parse(a.text)
             row["tool_calls"] = reply["tool_calls"]
             row["reference_tool_calls"] = ref.get("tool_calls") or []
             row.update(tool_call_scores(reply["tool_calls"], ref.get("tool_calls")))
-            row["content"] = reply["content"]  # the text beside the calls: what is scored
         rows.append(row)
     text = [r for r in rows if r["reference"].strip()]  # a reply that only calls tools has none
-    per_row = text_scores([r.get("content", r["response"]) for r in text],
+    per_row = text_scores([r["content"] for r in text],
                           [r["reference"] for r in text])
     for r, s in zip(text, per_row):
         r.update(s)
@@ -185,6 +197,23 @@ def _load(args: EvalArguments, target: str | None = None, dtype: str | None = No
     return InferEngine.load(None, target, **overrides)
 
 
+COMPARE_FILES = ("predictions-compare.jsonl", "compare.png", "vllm-compare.log")
+
+
+def _check_compare(target: str) -> None:
+    """--compare's model or checkpoint, checked before anything is read or loaded (a typo
+    found after the first model's whole evaluation would lose it)."""
+    from swiftlite.errors import UsageError
+    from swiftlite.models.registry import check_model_name
+    if os.path.isdir(target):
+        if not any(os.path.isfile(os.path.join(target, f))
+                   for f in ("adapter_config.json", "config.json")):
+            raise UsageError(f"--compare {target}: neither a LoRA checkpoint (adapter_config.json) "
+                             "nor a model folder (config.json)")
+        return
+    check_model_name(target, flag="--compare")
+
+
 def label_of(args: EvalArguments) -> str:
     return args.ckpt_dir or args.model
 
@@ -193,15 +222,21 @@ def label_of(args: EvalArguments) -> str:
 def run(args: EvalArguments) -> dict:
     from swiftlite.evaluation import report
     args.validate()
+    if args.compare:
+        _check_compare(args.compare)
     sets = read_sets(args)  # bad data is reported before any model loads
     if args.infer_backend == "vllm":
         _check_vllm_can_serve(args)
     out = os.path.abspath(args.output_dir or os.path.join(
         args.ckpt_dir or "output", "eval", time.strftime("%Y%m%d-%H%M%S")))
     os.makedirs(out, exist_ok=True)
+    for stale in COMPARE_FILES:  # an earlier run's comparison would contradict this one
+        if os.path.exists(os.path.join(out, stale)):
+            os.remove(os.path.join(out, stale))
     rows, dtype = score_model(sets, args, out)
     metrics = report.metrics_of(rows, label_of(args))
     _write_rows(os.path.join(out, "predictions.jsonl"), rows)
+    write_json(os.path.join(out, "metrics.json"), metrics, indent=2)  # kept if --compare fails
     other = None
     if args.compare:
         other_rows, _ = score_model(sets, args, out, args.compare, dtype)
