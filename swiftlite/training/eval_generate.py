@@ -41,6 +41,14 @@ class GenerationMetrics(TrainerCallback):
         self.stops = sorted({ref[-1] for _, ref in self.rows} |
                             ({tokenizer.eos_token_id} - {None}))
         self.trainer = None  # set by build_trainer: metrics are logged through it
+        self.refs = [self.text(ref) for _, ref in self.rows]
+
+    def text(self, ids: list[int]) -> str:
+        """What is scored of a reply: its text without its reasoning (a Qwen3 template's think
+        block opens every trained reply), as `swiftlite eval` scores it."""
+        from swiftlite.data.tools import parse_reply
+        decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return parse_reply(decoded, self.tokenizer.chat_template)["content"].strip()
 
     def on_evaluate(self, args, state, control, metrics=None, model=None, **kwargs):
         if not is_main_process() or not self.rows or model is None:
@@ -48,11 +56,9 @@ class GenerationMetrics(TrainerCallback):
         from swiftlite.evaluation.metrics import text_scores
         from swiftlite.evaluation.report import summarize
         answers = self._generate(model)
-        refs = [self.tokenizer.decode(ref, skip_special_tokens=True).strip()
-                for _, ref in self.rows]
-        scored = text_scores([a for a, _, _ in answers], refs)
+        scored = text_scores([a for a, _, _ in answers], self.refs)
         rows = [{"response": a, "reference": r, "finish_reason": f, "tokens": n, **s}
-                for (a, f, n), r, s in zip(answers, refs, scored)]
+                for (a, f, n), r, s in zip(answers, self.refs, scored)]
         total = summarize(rows)
         scores = {f"eval_{k}": round(total[k], 4) for k in LOGGED}
         if metrics is not None:
@@ -83,8 +89,8 @@ class GenerationMetrics(TrainerCallback):
                                          eos_token_id=self.stops, pad_token_id=pad)
                 for row, i in zip(out[:, width:].tolist(), idx):
                     cut = next((k for k, t in enumerate(row) if t in self.stops), None)
-                    answers[i] = (self.tokenizer.decode(row[:cut], skip_special_tokens=True).strip(),
-                                  "length" if cut is None else "stop", len(row[:cut]))
+                    answers[i] = (self.text(row[:cut]), "length" if cut is None else "stop",
+                                  len(row[:cut]))
         finally:
             model.train(was_training)
         return answers

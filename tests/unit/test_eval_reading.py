@@ -129,3 +129,18 @@ def test_gguf_lora_defaults_to_f16(tiny_run):
     args = ExportArguments(ckpt_dir=tiny_run.last_checkpoint, format="gguf-lora").validate()
     assert args.quant == "f16"
     assert ExportArguments(model="tiny-qwen2").validate().quant == "q4_k_m"
+
+
+def test_eval_generate_scores_replies_without_the_think_block(tiny_qwen3):
+    """--eval_generate during training reads its references back from the training encoding,
+    where a Qwen3 reply opens with the empty think block: scored as `swiftlite eval` scores."""
+    from swiftlite.training.eval_generate import GenerationMetrics
+    template = _template(tiny_qwen3)
+    enc = template.encode([{"role": "user", "content": "Capital of France?"},
+                           {"role": "assistant", "content": "Paris."}])
+    assert "<think>" in template.tokenizer.decode(
+        [i for i, y in zip(enc["input_ids"], enc["labels"]) if y != -100])
+    tok = template.tokenizer
+    tok.chat_template = template.to_jinja()  # as build_trainer saves it
+    scorer = GenerationMetrics([enc], tok, max_new_tokens=4, batch=1)
+    assert scorer.refs == ["Paris."]
