@@ -61,6 +61,18 @@ class PreferenceArguments:
 class RlhfArguments(SftArguments, PreferenceArguments):
     """Arguments of `swiftlite rlhf`."""
 
+    def validate(self) -> "RlhfArguments":
+        super().validate()
+        if self.rlhf_type == "kto" and self.per_device_eval_batch_size < 2:
+            # KTO's KL estimate pairs each prompt with another row's completion in the batch:
+            # in a batch of one it would pair the row with itself
+            from swiftlite.log import info
+            info(f"kto: --per_device_eval_batch_size {self.per_device_eval_batch_size} -> "
+                 f"{self.per_device_train_batch_size} (the training batch: the KL estimate "
+                 "pairs each prompt with another row's completion)")
+            self.per_device_eval_batch_size = self.per_device_train_batch_size
+        return self
+
     def problems(self) -> list[str]:
         problems = super().problems()
         if self.eval_generate:
@@ -95,6 +107,10 @@ class RlhfArguments(SftArguments, PreferenceArguments):
             problems.append("--rlhf_type kto computes its reference with each batch (its KL "
                             "pairs change with the batch): drop --precompute_ref_log_probs / "
                             "--adapters, or use dpo")
+        if kind == "kto" and self.train_type == "full":
+            problems.append("--rlhf_type kto with --train_type full: KTO's reference is the "
+                            "model with its LoRA adapters switched off, computed with each batch; "
+                            "use --train_type lora")
         if kind == "kto" and self.mutated_init:
             problems.append(f"--init_lora_weights {self.init_lora_weights} with --rlhf_type kto: "
                             "KTO's reference is the model with its adapters off, which PiSSA/"

@@ -201,8 +201,9 @@ def _checked(row, where: str, fmt, require_reply: bool, report: LoadReport, erro
 def file_format(raw_rows, skip_bad_rows: bool, task: str = "sft",
                 require_reply: bool = True) -> str | None:
     """The dataset format of a file, from its first rows that have one (None when no row
-    has one and skip_bad_rows lets every row be skipped)."""
-    detect = detect_preference_format if task == "preference" else (
+    has one and skip_bad_rows lets every row be skipped). task: sft, preference (pairs or
+    KTO's labelled rows) or pairs (the methods that need a chosen and a rejected reply)."""
+    detect = detect_preference_format if task != "sft" else (
         lambda row: detect_format(row, require_reply))
     first_where, first = None, None
     for where, row, _ in raw_rows():
@@ -211,17 +212,21 @@ def file_format(raw_rows, skip_bad_rows: bool, task: str = "sft",
             continue
         first = row if first is None else first
         fmt = detect(row)
+        if fmt in KTO_FORMATS and task == "pairs":
+            raise UsageError(f"{where}: these rows are unpaired (a completion with a label), "
+                             "which only --rlhf_type kto trains on; give pairs (chosen and "
+                             "rejected) or use --rlhf_type kto.")
         if fmt:
             return fmt
     if first is not None and not skip_bad_rows:
         keys = sorted(first) if isinstance(first, dict) else type(first).__name__
-        expected = PREFERENCE_EXPECTED if task == "preference" else (
+        expected = PREFERENCE_EXPECTED if task != "sft" else (
             "'messages' (OpenAI), 'conversations' (ShareGPT), 'instruction' + 'output' "
             "(Alpaca) or 'query' + 'response'")
         hint = ""
         if task == "sft" and detect_preference_format(first):
             hint = " These are preference rows: train on them with swiftlite rlhf."
-        elif task == "preference" and detect_format(first):
+        elif task != "sft" and detect_format(first):
             hint = (" These are SFT conversations without a rejected reply: train on them with "
                     "swiftlite sft, or add the rejected replies.")
         raise UsageError(f"{first_where}: unknown {'preference ' if task != 'sft' else ''}"

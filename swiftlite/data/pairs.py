@@ -219,6 +219,8 @@ def _pair(prompt: list, chosen: dict, rejected: dict, tools) -> dict:
 
 
 def _unpaired(prompt: list, completion: dict, label, tools) -> dict:
+    if isinstance(label, str) and label.strip().lower() in ("true", "false"):
+        label = label.strip().lower() == "true"  # a CSV cell
     if not isinstance(label, bool):
         raise BadRow(f"'label' must be true or false, got {label!r}", "bad label")
     if not prompt or prompt[-1]["role"] not in ("user", "tool"):

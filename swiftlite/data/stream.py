@@ -149,8 +149,14 @@ def stream_dataset(specs: list[str], template: ChatTemplate, *, seed: int, buffe
 
 
 def first_sample(specs: list[str], template: ChatTemplate, **options) -> dict:
-    """The first usable sample of the specs (for the preview), read on its own."""
+    """The first usable sample of the specs (for the preview), read on its own; and each
+    file's format from its first rows, so that a file of the wrong kind stops the run now,
+    before a model loads, rather than when the stream reaches it."""
     check_specs(specs)
+    for spec in specs:
+        raw_rows, _ = open_rows(parse_spec(spec)[0], options.get("model_name"),
+                                options.get("model_author"))
+        file_format(raw_rows, options.get("skip_bad_rows", False), options.get("task", "sft"))
     for sample in samples(specs, template, StreamReport(), **options):
         return sample
     raise UsageError(f"the dataset {' '.join(specs)} has no usable rows.")

@@ -65,8 +65,8 @@ def _read(args: RlhfArguments):
     row checked, file:line on a bad one; KTO's paired rows split into a desirable and an
     undesirable row each."""
     num_proc = args.dataset_num_proc or len(os.sched_getaffinity(0))
-    common = dict(seed=args.data_seed, skip_bad_rows=args.skip_bad_rows, task="preference",
-                  num_proc=num_proc)
+    common = dict(seed=args.data_seed, skip_bad_rows=args.skip_bad_rows,
+                  task=_task(args), num_proc=num_proc)
     train = val = report = None
     if args.streaming:  # read as training goes; only a --val_dataset is read now
         from swiftlite.data.stream import check_specs
@@ -83,19 +83,13 @@ def _read(args: RlhfArguments):
         if train:
             pos = sum(r["label"] for r in train)
             info(f"kto: {pos} desirable and {len(train) - pos} undesirable rows")
-    else:
-        train, val = (_refuse_unpaired(x) if x else x for x in (train, val))
     return train, val, report
 
 
-def _refuse_unpaired(rows):
-    """The rows, when they are pairs (for the methods that need them)."""
-    first = rows[0] if len(rows) else {}
-    if "label" in first:
-        raise UsageError(f"{first['where']}: these rows are unpaired (a completion with a "
-                         "label), which only --rlhf_type kto trains on; give pairs (chosen and "
-                         "rejected) or use --rlhf_type kto.")
-    return rows
+def _task(args: RlhfArguments) -> str:
+    """The loader's task: KTO takes labelled rows and pairs, the other methods pairs alone
+    (a file of labelled rows is refused by its first row's file:line)."""
+    return "preference" if args.rlhf_type == "kto" else "pairs"
 
 
 def _stream(args: RlhfArguments, template, tokenizer):
@@ -104,9 +98,9 @@ def _stream(args: RlhfArguments, template, tokenizer):
     from swiftlite.data.stream import first_sample, stream_dataset
     kto = args.rlhf_type == "kto"
     options = dict(max_length=args.max_length, truncation_strategy=args.truncation_strategy,
-                   skip_bad_rows=args.skip_bad_rows, task="preference",
+                   skip_bad_rows=args.skip_bad_rows, task=_task(args),
                    encoder=UNPAIRED_ENCODER if kto else PAIR_ENCODER,
-                   prepare=unpair if kto else _refuse_unpaired)
+                   prepare=unpair if kto else None)
     first = first_sample(args.dataset, template, **options)
     info(f"dataset: streaming {' '.join(args.dataset)} (nothing read upfront; shuffle buffer "
          f"{args.shuffle_buffer_size} rows)")

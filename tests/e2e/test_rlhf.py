@@ -114,6 +114,21 @@ def test_kto_rows_and_pairs_split_into_labelled_rows(tmp_path):
                          task="preference").train
     assert [(r["completion"], r["label"]) for r in unpair(list(pair))] == [(GOOD, True),
                                                                            (BAD, False)]
+    # a CSV carries its labels as text
+    (tmp_path / "k.csv").write_text("prompt,completion,label\nHi,Hello,true\nHi,Bye,False\n")
+    rows = list(load_datasets([str(tmp_path / "k.csv")], task="preference").train)
+    assert [r["label"] for r in rows] == [True, False]
+
+
+def test_labelled_rows_after_pairs_are_refused_by_file_and_line(tmp_path):
+    """A pair file then a KTO file was a KeyError once the model had loaded."""
+    pairs = write_jsonl(tmp_path / "p.jsonl", [LAYOUTS["pair-trl (conversational)"]])
+    kto = write_jsonl(tmp_path / "k.jsonl", [{"messages": PROMPT + [GOOD], "label": True}])
+    for streaming in ("false", "true"):
+        r = run_cli("rlhf", "--model", "tiny-qwen2", "--dataset", pairs, kto, "--streaming",
+                    streaming, "--max_steps", "2", "--output_dir", tmp_path / "out", check=False)
+        assert r.returncode == 2 and f"{kto}:1: these rows are unpaired" in r.stderr, r.stderr
+        assert "Loading weights" not in r.stderr
 
 
 @pytest.mark.parametrize("row,reason", [
@@ -169,6 +184,13 @@ def test_arguments_are_checked_together():
         assert part in msg
     with pytest.raises(UsageError, match="per_device_train_batch_size 2 or more"):
         RlhfArguments(model="m", dataset=["d"], rlhf_type="kto").validate()
+    with pytest.raises(UsageError, match="--rlhf_type kto with --train_type full"):
+        RlhfArguments(model="m", dataset=["d"], rlhf_type="kto", train_type="full",
+                      per_device_train_batch_size=2).validate()
+    # KTO's KL pairs a prompt with another row's completion: an evaluation batch needs two
+    args = RlhfArguments(model="m", dataset=["d"], rlhf_type="kto", per_device_train_batch_size=4,
+                         split_dataset_ratio=0.1).validate()
+    assert args.per_device_eval_batch_size == 4
 
 
 def test_pairs_share_the_prompt_ids_and_match_sft_encoding(tiny_qwen2):
