@@ -21,6 +21,9 @@ LOSS_TYPES = {
 }
 DEFAULT_BETA = {"dpo": 0.1, "cpo": 0.1, "simpo": 2.0, "orpo": 0.1, "kto": 0.1}
 NEEDS_REFERENCE = ("dpo", "kto")  # CPO, SimPO and ORPO compare the policy with itself
+# the (method, loss) pairs whose loss reads --label_smoothing (TRL 1.16's)
+SMOOTHED = {("dpo", "robust"), ("dpo", "exo_pair"), ("dpo", "aot"), ("dpo", "aot_unpaired"),
+            ("cpo", "sigmoid"), ("simpo", "simpo")}
 
 
 @dataclass
@@ -84,6 +87,22 @@ class RlhfArguments(SftArguments, PreferenceArguments):
             problems += self._preference_problems()
         return problems
 
+    def _unused_setting_problems(self) -> list[str]:
+        """A method's own setting given to another: recorded in args.json, read by nothing."""
+        problems, kind, loss = [], self.rlhf_type, self.resolved_loss_type()
+        if self.label_smoothing and (kind, loss) not in SMOOTHED:
+            problems.append(f"--label_smoothing with --rlhf_type {kind} --loss_type {loss}: that "
+                            "loss has no label smoothing (dpo's robust, exo_pair, aot, "
+                            "aot_unpaired and cpo/simpo's sigmoid and simpo have)")
+        for flag, default, owner, name in (("simpo_gamma", 1.0, "simpo", "SimPO"),
+                                           ("cpo_alpha", 1.0, "cpo", "CPO"),
+                                           ("desirable_weight", 1.0, "kto", "KTO"),
+                                           ("undesirable_weight", 1.0, "kto", "KTO")):
+            if getattr(self, flag) != default and kind != owner:
+                problems.append(f"--{flag} is {name}'s (--rlhf_type {owner}); --rlhf_type "
+                                f"{kind} does not read it")
+        return problems
+
     def _preference_problems(self) -> list[str]:
         problems, kind = [], self.rlhf_type
         if self.loss_type is not None and self.loss_type not in LOSS_TYPES[kind]:
@@ -96,6 +115,7 @@ class RlhfArguments(SftArguments, PreferenceArguments):
         if self.resolved_loss_type() == "exo_pair" and self.label_smoothing <= 0:
             problems.append("--loss_type exo_pair needs --label_smoothing above 0 (its epsilon, "
                             "e.g. 0.001)")
+        problems += self._unused_setting_problems()
         if self.rpo_alpha is not None and kind != "dpo":
             problems.append(f"--rpo_alpha is DPO's; --rlhf_type {kind} has its own SFT term"
                             + (" (--cpo_alpha)" if kind == "cpo" else ""))

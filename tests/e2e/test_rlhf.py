@@ -187,6 +187,19 @@ def test_arguments_are_checked_together():
     with pytest.raises(UsageError, match="--rlhf_type kto with --train_type full"):
         RlhfArguments(model="m", dataset=["d"], rlhf_type="kto", train_type="full",
                       per_device_train_batch_size=2).validate()
+    # a method's own settings given to another, where they would be recorded and ignored
+    for extra, words in (({"label_smoothing": 0.1}, "--label_smoothing with --rlhf_type dpo "
+                                                    "--loss_type sigmoid"),
+                         ({"rlhf_type": "orpo", "label_smoothing": 0.1}, "--rlhf_type orpo"),
+                         ({"rlhf_type": "simpo", "cpo_alpha": 0.5}, "--cpo_alpha is CPO's"),
+                         ({"simpo_gamma": 0.5}, "--simpo_gamma is SimPO's"),
+                         ({"desirable_weight": 2.0}, "--desirable_weight is KTO's")):
+        with pytest.raises(UsageError, match=words):
+            RlhfArguments(model="m", dataset=["d"], **extra).validate()
+    for fine in ({"loss_type": "robust", "label_smoothing": 0.1},
+                 {"rlhf_type": "simpo", "label_smoothing": 0.1, "simpo_gamma": 0.5},
+                 {"rlhf_type": "cpo", "cpo_alpha": 0.5}):
+        RlhfArguments(model="m", dataset=["d"], **fine).validate()
     # KTO's KL pairs a prompt with another row's completion: an evaluation batch needs two
     args = RlhfArguments(model="m", dataset=["d"], rlhf_type="kto", per_device_train_batch_size=4,
                          split_dataset_ratio=0.1).validate()
