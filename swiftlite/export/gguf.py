@@ -234,14 +234,29 @@ def _size(path: str) -> str:
     return f"{os.path.getsize(path) / 2**20:.1f} MiB" if os.path.exists(path) else "?"
 
 
+def _has_links(folder: str) -> bool:
+    """Whether a model folder's files are symbolic links (Hugging Face's cache: snapshots link
+    to blobs), which `ollama create` refuses in a FROM folder."""
+    try:
+        return any(os.path.islink(os.path.join(folder, f)) for f in os.listdir(folder))
+    except OSError:
+        return False
+
+
 def how_to_run(out_dir: str, gguf_file: str, name: str, lora: bool, base_hint: str = "") -> str:
     """What the user runs next, printed at the end."""
     modelfile = os.path.join(out_dir, "Modelfile")
     if lora:
+        ollama = f"  Ollama:     ollama create {name} -f {modelfile}\n"
+        if _has_links(base_hint):
+            ollama += (f"              (its FROM, {base_hint}, is a folder of links, as in Hugging "
+                       "Face's cache, which Ollama refuses as an insecure path: make the base "
+                       f"GGUF with swiftlite export --model {base_hint} --quant f16 and put that "
+                       "file in FROM)\n")
         return (f"GGUF LoRA adapter: {gguf_file}\n"
                 f"  llama.cpp:  llama-cli -m BASE.gguf --lora {gguf_file}   (BASE.gguf: the base "
                 f"model as GGUF, e.g. swiftlite export --model {base_hint} --format gguf)\n"
-                f"  Ollama:     ollama create {name} -f {modelfile}\n")
+                + ollama)
     return (f"GGUF: {gguf_file}\n"
             f"  Ollama:     ollama create {name} -f {modelfile} && ollama run {name}\n"
             f"  llama.cpp:  llama-cli -m {gguf_file} -cnv   (or llama-server -m {gguf_file} "

@@ -144,3 +144,20 @@ def test_eval_generate_scores_replies_without_the_think_block(tiny_qwen3):
     tok.chat_template = template.to_jinja()  # as build_trainer saves it
     scorer = GenerationMetrics([enc], tok, max_new_tokens=4, batch=1)
     assert scorer.refs == ["Paris."]
+
+
+def test_a_lora_export_over_a_folder_of_links_says_what_ollama_needs(tmp_path):
+    """Hugging Face's cache links a snapshot's files to blobs; Ollama refuses such a FROM folder
+    (its insecure-path check), so the printed steps say how to get a base it takes."""
+    from swiftlite.export.gguf import how_to_run
+    (tmp_path / "blob").write_text("{}")
+    base = tmp_path / "snapshot"
+    base.mkdir()
+    (base / "config.json").symlink_to(tmp_path / "blob")
+    text = how_to_run(str(tmp_path / "out"), "a.gguf", "a", True, str(base))
+    assert "folder of links" in text and f"--model {base} --quant f16" in text
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    assert "folder of links" not in how_to_run(str(tmp_path / "out"), "a.gguf", "a", True,
+                                               str(plain))
