@@ -139,6 +139,17 @@ class ModelTemplate(ChatTemplate):
             return [{"role": "system", "content": self.system}] + list(messages)
         return list(messages)
 
+    def check_trainable(self, messages: list[dict]) -> None:
+        last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+        if self.enable_thinking is False and any(
+                m["role"] == "assistant" and m.get("reasoning_content")
+                for m in messages[last_user + 1:]):
+            # the prompt ends with the empty think block: the reasoning would be trained after
+            # a context the model never sees (earlier turns' reasoning the template drops)
+            raise TemplateRejected("a reply carries reasoning_content, but with --enable_thinking "
+                                   "false the model answers without thinking; drop the reasoning "
+                                   "from these rows, or train without the switch")
+
     @staticmethod
     def _plain(messages, tools) -> bool:
         return not tools and all(

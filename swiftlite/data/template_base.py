@@ -59,6 +59,7 @@ class ChatTemplate:
             msgs, tools = (c["messages"], c.get("tools")) if isinstance(c, dict) else (c, None)
             try:
                 self.check_renderable(msgs, tools)
+                self.check_trainable(msgs)
                 text, spans = self.render(msgs, tools=tools)
                 rendered.append((text, trained_spans(spans, msgs, self.loss_scale)))
             except (TemplateRejected, UsageError) as e:
@@ -87,6 +88,7 @@ class ChatTemplate:
             prompt, tools = c["messages"], c.get("tools")
             try:
                 self.check_renderable(prompt + c["replies"], tools)
+                self.check_trainable(prompt + c["replies"])
                 prompt_text = self.render_prompt(prompt, tools=tools)
                 pieces = []
                 for reply in c["replies"]:
@@ -149,6 +151,10 @@ class ChatTemplate:
             return ""
         i = text.find(mark)
         return text[len(prompt):i] if i >= len(prompt) and text.startswith(prompt) else ""
+
+    def check_trainable(self, messages: list[dict]) -> None:
+        """Raise TemplateRejected for a conversation this template renders but cannot train
+        as the model will be used (ModelTemplate: reasoning with Qwen3's thinking off)."""
 
     def encode_prompt(self, messages: list[dict], tools=None) -> list[int]:
         """Token ids of a conversation ending with a user (or tool) turn, plus the generation

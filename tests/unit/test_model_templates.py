@@ -234,6 +234,19 @@ def test_thinking_off_moves_the_empty_think_block_into_the_prompt(qwen_tokenizer
     assert off.fingerprint() != get_template(None, tok).fingerprint()  # tokenised data differs
 
 
+def test_thinking_off_refuses_replies_that_carry_reasoning(qwen_tokenizers):
+    """With the switch off the prompt ends with the empty think block, so a reply's reasoning
+    would be trained after a context the model never sees: such a row is rejected (counted
+    under --skip_bad_rows), not trained from inside the think block."""
+    from swiftlite.data.template_base import TemplateRejected
+    tok = qwen_tokenizers["qwen3"]
+    messages = [{"role": "user", "content": "2+2?"},
+                {"role": "assistant", "content": "4", "reasoning_content": "2 and 2 make 4"}]
+    with pytest.raises(TemplateRejected, match="--enable_thinking false"):
+        get_template(None, tok, enable_thinking=False).encode(messages)
+    assert trained_pieces(tok, get_template(None, tok).encode(messages))[0].startswith("<think>")
+
+
 def test_the_saved_template_defaults_to_the_trained_setting(qwen_tokenizers):
     """to_jinja(): plain apply_chat_template (no keyword) renders as the run was trained; a
     caller's enable_thinking still wins; read back, the template keeps one prelude each."""
