@@ -176,7 +176,8 @@ def _trl_pair(row: dict) -> dict:
         if v is None:
             raise BadRow(f"'{key}' is missing", f"missing {key}")
     key = next((k for k in _PROMPT_KEYS if row.get(k) is not None), None)
-    if key is not None:
+    whole = all(isinstance(v, list) and len(v) > 1 for v in (chosen, rejected))
+    if key is not None and not whole:
         prompt, tools = _prompt(row[key], row)
         return _pair(prompt, _reply(chosen, "chosen"), _reply(rejected, "rejected"), tools)
     # the implicit prompt: what chosen and rejected share
@@ -201,8 +202,14 @@ def _trl_pair(row: dict) -> dict:
     pc, reply_c, tools = _split_last(conv_c, "chosen")
     pr, reply_r, _ = _split_last(conv_r, "rejected")
     if pc != pr:
-        raise BadRow("without 'prompt', 'chosen' and 'rejected' must be the same conversation "
-                     "up to their last (assistant) message", "prompts differ")
+        raise BadRow("'chosen' and 'rejected' must be the same conversation up to their last "
+                     "(assistant) message", "prompts differ")
+    if key is not None:  # whole conversations beside a prompt (ultrafeedback_binarized)
+        prompt, _ = _prompt(row[key], row)
+        if [m["content"] for m in prompt if m["role"] == "user"][-1:] != \
+                [m["content"] for m in pc if m["role"] == "user"][-1:]:
+            raise BadRow(f"'{key}' is not the last user turn of the conversations in 'chosen' "
+                         "and 'rejected'", "prompts differ")
     return _pair(pc, reply_c, reply_r, tools)
 
 

@@ -37,6 +37,9 @@ LAYOUTS = {
                          "rejected": BAD["content"]},
     "pair-trl (messages)": {"messages": PROMPT, "chosen": GOOD["content"],
                             "rejected": BAD["content"]},
+    # HuggingFaceH4/ultrafeedback_binarized: a string prompt, and whole conversations
+    "pair-trl (prompt and conversations)": {"prompt": PROMPT[0]["content"],
+                                            "chosen": PROMPT + [GOOD], "rejected": PROMPT + [BAD]},
     "pair-trl (implicit prompt, strings)": {
         "chosen": f"{PROMPT[0]['content']}\n{GOOD['content']}",
         "rejected": f"{PROMPT[0]['content']}\n{BAD['content']}"},
