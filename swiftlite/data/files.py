@@ -73,7 +73,8 @@ def read_rows(path: str) -> list[tuple[str, object]]:
         except (pa.ArrowException, OSError) as e:
             raise UsageError(f"--dataset {path}: not a readable parquet file ({e}). Check the "
                              "file is complete, or export the data again.") from None
-        return [(f"{path} row {i}", r) for i, r in enumerate(table.to_pylist(), 1)]
+        return [(f"{path} row {i}", _without_nulls(r))
+                for i, r in enumerate(table.to_pylist(), 1)]
     raise UsageError(f"--dataset {path}: unsupported file type {ext or '(none)'}; use .jsonl, "
                      ".json, .csv or .parquet.")
 
@@ -104,6 +105,18 @@ def _csv_rows(path: str) -> list[tuple[str, object]]:
                 rows.append((f"{path}:{line}", dict(zip(header, cells + [None] * len(header)))))
     except csv.Error as e:
         raise UsageError(f"{path}:{reader.line_num}: unreadable CSV ({e}).") from None
+
+
+def _without_nulls(value):
+    """A parquet row without the null entries of its structs: parquet stores a column's rows
+    as one struct type, the union of all their keys, so a row reads back with every other
+    row's keys as None (a tool call's arguments {"city": "Paris", "tz": None}). None means
+    absent everywhere swiftlite reads a row."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def jsonl_rows(path: str, start: int = 0, end: int | None = None, line: int = 1):

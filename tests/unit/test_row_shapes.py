@@ -115,3 +115,25 @@ def test_a_negative_number_in_exponent_form_is_a_value(tmp_path):
     config.write_text(json.dumps({"model": "m", "dataset": ["d"]}))
     assert parse_argv(SftArguments, [str(config), "--weight_decay", "-1e-1"], "sft",
                       "").weight_decay == -0.1
+
+
+def test_parquet_struct_columns_add_no_null_keys(tmp_path):
+    """Parquet stores rows of one column as one struct type, the union of every row's keys:
+    read back, a row's tool call had every other row's argument names as null, and trained
+    them ({"city": "Paris", "tz": null})."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def row(name, args, result):
+        call = {"type": "function", "function": {"name": name, "arguments": args}}
+        return {"messages": [{"role": "user", "content": name},
+                             {"role": "assistant", "content": None, "tool_calls": [call]},
+                             {"role": "tool", "content": result},
+                             {"role": "assistant", "content": result}]}
+    pq.write_table(pa.Table.from_pylist([row("get_weather", {"city": "Paris"}, "20C"),
+                                         row("get_time", {"tz": "Asia/Tokyo"}, "9am")]),
+                   tmp_path / "d.parquet")
+    convs, _ = load_conversations([str(tmp_path / "d.parquet")])
+    args = [c["messages"][1]["tool_calls"][0]["function"]["arguments"] for c in convs]
+    args = [json.loads(a) if isinstance(a, str) else a for a in args]
+    assert args == [{"city": "Paris"}, {"tz": "Asia/Tokyo"}]
