@@ -7,7 +7,7 @@ from typing import Optional
 from swiftlite.config.fields import arg, check_choices, not_positive, raise_if, same_as
 from swiftlite.config.model_args import ModelArguments
 from swiftlite.config.train_args import TrainArguments
-from swiftlite.config.tuner_args import LoraArguments
+from swiftlite.config.tuner_args import LoraArguments, init_problems
 
 
 @dataclass
@@ -56,7 +56,7 @@ class EstimateArguments:
         if self.rlhf_type not in (None, "dpo", "orpo", "simpo", "cpo", "kto"):
             problems.append(f"--rlhf_type {self.rlhf_type}: choose one of dpo, orpo, simpo, "
                             "cpo, kto")
-        problems += check_choices(self)
+        problems += check_choices(self) + init_problems(self.init_lora_weights)
         problems += not_positive(self, ("gpus", "nodes", "lora_rank", "max_length", "batch_size"))
         if not 0 <= self.lora_dropout < 1:
             problems.append(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")

@@ -87,6 +87,24 @@ class RlhfArguments(SftArguments, PreferenceArguments):
             problems += self._preference_problems()
         return problems
 
+    def _adapter_problems(self) -> list[str]:
+        """--adapters goes on training a checkpoint's adapters as they are: the flags that
+        shape new adapters would be recorded and ignored."""
+        if not self.adapters:
+            return []
+        import dataclasses
+        shaping = ("lora_rank", "lora_alpha", "target_modules", "use_dora", "use_rslora",
+                   "init_lora_weights", "modules_to_save", "lora_bias")
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        given = [f"--{n}" for n in shaping if getattr(self, n) != (
+            fields[n].default if fields[n].default is not dataclasses.MISSING
+            else fields[n].default_factory())]
+        if not given:
+            return []
+        return [f"--adapters continues the adapters of {self.adapters[0]} as they were trained "
+                f"(their rank, targets and variant are in its adapter_config.json): drop "
+                f"{', '.join(given)}"]
+
     def _unused_setting_problems(self) -> list[str]:
         """A method's own setting given to another: recorded in args.json, read by nothing."""
         problems, kind, loss = [], self.rlhf_type, self.resolved_loss_type()
@@ -143,6 +161,7 @@ class RlhfArguments(SftArguments, PreferenceArguments):
         for a in self.adapters:
             if not os.path.isfile(os.path.join(a, "adapter_config.json")):
                 problems.append(f"--adapters {a}: not a LoRA checkpoint (no adapter_config.json)")
+        problems += self._adapter_problems()
         if self.adapters and self.train_type != "lora":
             problems.append("--adapters continues LoRA adapters: --train_type lora")
         if self.packing:

@@ -11,6 +11,14 @@ INIT_LORA_WEIGHTS = ("true", "gaussian", "pissa", "pissa_niter_N", "olora", "lof
 MUTATED_INIT = ("pissa", "olora")  # inits that move part of the base weights into the adapter
 
 
+def init_problems(init: str) -> list[str]:
+    """--init_lora_weights' value checked (sft, rlhf and estimate alike)."""
+    if re.fullmatch(r"true|gaussian|pissa|pissa_niter_[1-9]\d*|olora|loftq", init):
+        return []
+    return [f"--init_lora_weights {init}: choose one of {', '.join(INIT_LORA_WEIGHTS)} (N a "
+            "positive number)"]
+
+
 @dataclass
 class LoraArguments:
     train_type: str = arg("lora", "lora: train adapters on a frozen model; full: all weights",
@@ -52,10 +60,7 @@ class LoraArguments:
 
     def lora_variant_problems(self) -> list[str]:
         """The variants' values, and the combinations peft cannot run, one sentence each."""
-        init, problems = self.init_lora_weights, []
-        if not re.fullmatch(r"true|gaussian|pissa|pissa_niter_[1-9]\d*|olora|loftq", init):
-            problems.append(f"--init_lora_weights {init}: choose one of "
-                            f"{', '.join(INIT_LORA_WEIGHTS)} (N a positive number)")
+        init, problems = self.init_lora_weights, init_problems(self.init_lora_weights)
         if init == "loftq":
             problems.append("--init_lora_weights loftq replaces the base weights by their "
                             "4-bit approximation, which must then be saved and loaded as the "
@@ -89,10 +94,24 @@ class LoraArguments:
                             "a PiSSA/OLoRA adapter for the original base "
                             "(path_initial_model_for_weight_conversion) from lora_A and lora_B "
                             "alone, and would drop what these add")
+        if mutated and "embed_tokens" in " ".join(
+                [self.target_modules] if isinstance(self.target_modules, str)
+                else self.target_modules):
+            problems.append(f"--init_lora_weights {init} with LoRA on the embeddings "
+                            "(embed_tokens): peft's conversion for the original base keeps "
+                            "lora_A and lora_B alone, and would drop the embeddings' adapter; "
+                            "leave embed_tokens out of --target_modules, or use true/gaussian")
         return problems + self._placement_problems(mutated)
 
-    def _placement_problems(self, mutated: bool) -> list[str]:
-        """Under QLoRA and DeepSpeed ZeRO-3 (the fields of the model and train groups)."""
+    def placement_problems(self, config: dict) -> list[str]:
+        """The ZeRO-3 and offload refusals for a loaded DeepSpeed config (a JSON file, inline
+        JSON, or the preset --deepspeed auto chose), which the preset names alone miss."""
+        return self._placement_problems(self.init_lora_weights.startswith(MUTATED_INIT),
+                                        config)
+
+    def _placement_problems(self, mutated: bool, config: dict | None = None) -> list[str]:
+        """Under QLoRA and DeepSpeed ZeRO-3 (the fields of the model and train groups); the
+        DeepSpeed config when it is loaded, else what its preset name or dict says."""
         problems, init = [], self.init_lora_weights
         if getattr(self, "quant_bits", None) is not None and mutated:
             problems.append(f"--init_lora_weights {init} with --quant_bits: peft decomposes "
@@ -100,8 +119,13 @@ class LoraArguments:
                             "re-quantized residual would not give the original base back when "
                             "the adapter is converted; drop --quant_bits, or use true/gaussian")
         ds = getattr(self, "deepspeed", None)
-        zero3 = "zero3" in str(ds or "") or (isinstance(ds, dict) and ds.get(
-            "zero_optimization", {}).get("stage") == 3)
+        if config is None and isinstance(ds, dict):
+            config = ds
+        zero = (config or {}).get("zero_optimization") or {}
+        zero3 = zero.get("stage") == 3 if config is not None else "zero3" in str(ds or "")
+        offload = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme") or \
+            "optimizer" in (config or {}) if config is not None else \
+            str(ds or "").endswith("_offload")
         if zero3 and self.use_dora:
             problems.append(f"--use_dora with --deepspeed {'zero3' if isinstance(ds, dict) else ds}"
                             ": peft's DoRA reads each whole base weight in forward, and ZeRO-3 "
@@ -109,8 +133,9 @@ class LoraArguments:
         if zero3 and mutated:
             problems.append(f"--init_lora_weights {init} with ZeRO-3: the decomposition needs "
                             "each whole base weight at load, which ZeRO-3 partitions; use zero2")
-        if self.lora_plus_lr_ratio is not None and str(ds or "").endswith("_offload"):
-            problems.append(f"--lora_plus_lr_ratio with --deepspeed {ds}: the offload presets "
-                            "bring DeepSpeed's own optimizer, which has no LoRA+ groups; use "
-                            f"{str(ds).removesuffix('_offload')}")
+        if self.lora_plus_lr_ratio is not None and offload:
+            problems.append(f"--lora_plus_lr_ratio with --deepspeed {ds}: an offloaded (or "
+                            "configured) optimizer is DeepSpeed's own optimizer, with no LoRA+ "
+                            "groups; use a config without offload_optimizer or optimizer "
+                            "(e.g. zero2)")
         return problems

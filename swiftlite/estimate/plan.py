@@ -47,8 +47,9 @@ def run(args: EstimateArguments) -> dict:
     choice = fastest_that_fits(rows, gpu_memory, cpu_memory, gpus)
     if args.quant_bits is not None:
         choice.quant_bits = args.quant_bits
-    elif args.train_type == "lora" and (not choice.fits or (choice.deepspeed or "").endswith(
-            "offload")):
+    elif args.train_type == "lora" and not args.init_lora_weights.startswith(MUTATED_INIT) and (
+            not choice.fits or (choice.deepspeed or "").endswith("offload")):
+        # (not for PiSSA/OLoRA, which decompose full-precision weights: sft refuses QLoRA)
         # The 16-bit base does not fit (or only with its weights streamed from the CPU):
         # QLoRA keeps it on the GPU: 4 bits first (bitsandbytes trains it faster than 8).
         for bits in (4, 8):

@@ -24,6 +24,14 @@ def peft_target(targets):
     return targets[0] if len(targets) == 1 and _REGEX.search(targets[0]) else targets
 
 
+def _targeted(name: str, targets) -> bool:
+    """Whether peft's --target_modules rule picks the module called `name`."""
+    targets = peft_target(targets)
+    if isinstance(targets, str):
+        return not is_all_linear(targets) and re.fullmatch(targets, name) is not None
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
 def check_target_modules(model, targets) -> None:
     """A UsageError naming every --target_modules entry that matches no module of `model`
     (peft's rule for a list: a module's full name, or its ending after a dot), with the names
@@ -51,7 +59,8 @@ def check_target_modules(model, targets) -> None:
 
 
 def check_target_modules_before_loading(model_dir: str, targets,
-                                        trust_remote_code: bool = False) -> None:
+                                        trust_remote_code: bool = False,
+                                        init_lora_weights: str = "true") -> None:
     """check_target_modules on the meta-device build of model_dir's config.json, for sft to
     call before loading the weights (a minute for a 7B model). Remote-code models (their
     module names may differ from transformers' class) and architectures transformers cannot
@@ -65,3 +74,13 @@ def check_target_modules_before_loading(model_dir: str, targets,
     except UsageError:
         return
     check_target_modules(model, targets)
+    from swiftlite.config.tuner_args import MUTATED_INIT
+    head = model.get_output_embeddings()
+    if (init_lora_weights.startswith(MUTATED_INIT) and head is not None
+            and head.weight is model.get_input_embeddings().weight
+            and any(name == "lm_head" or name.endswith(".lm_head")
+                    for name, _ in model.named_modules() if _targeted(name, targets))):
+        raise UsageError(f"--init_lora_weights {init_lora_weights} with LoRA on lm_head: this "
+                         "model's head is tied to its input embeddings (one matrix), which the "
+                         "decomposition would change as well and the saved conversion would not "
+                         "restore; leave lm_head out of --target_modules, or use true/gaussian")

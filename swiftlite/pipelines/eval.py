@@ -52,6 +52,36 @@ def read_sets(args: EvalArguments) -> dict[str, dict]:
     return sets
 
 
+def _check_prompts(sets: dict[str, dict], args: EvalArguments) -> None:
+    """Every chat row's prompt through the template of each model that will answer it, before
+    any model loads: a row a template cannot render (tools for a model without tool syntax) is
+    named by file:line, rather than stopping the run once a model has loaded."""
+    from swiftlite.data.template import TemplateRejected
+    from swiftlite.errors import UsageError
+    from swiftlite.inference.checkpoints import TEMPLATE_FIELDS, describe, training_template
+    chat = [c for s in sets.values() if s["kind"] == "chat" for c in s["rows"]]
+    if not chat:
+        return
+    asked = {k: getattr(args, k) for k in TEMPLATE_FIELDS if getattr(args, k, None) is not None}
+    targets = [(label_of(args), describe(args.ckpt_dir, args.model, **asked))]
+    if args.compare:  # it keeps its own template
+        where = (args.compare, None) if os.path.isdir(args.compare) else (None, args.compare)
+        targets.append((args.compare, describe(*where)))
+    for label, ckpt in targets:
+        _, template = training_template(ckpt, args.trust_remote_code)
+        bad = []
+        for c in chat:
+            try:
+                template.check_renderable(c["messages"][:-1], c.get("tools"))
+                template.render_prompt(c["messages"][:-1], tools=c.get("tools"))
+            except TemplateRejected as e:
+                bad.append(f"{c['where']}: {e}")
+        if bad:
+            more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise UsageError(f"{len(bad)} row(s) that {template.describe()} of {label} cannot "
+                             "ask:\n  " + "\n  ".join(bad[:5]) + more)
+
+
 def _set_names(specs: list[str]) -> list[str]:
     """Each set's name: its file name (with #N), or the spec as given where two would share
     one (a/test.jsonl, b/test.jsonl)."""
@@ -225,6 +255,7 @@ def run(args: EvalArguments) -> dict:
     if args.compare:
         _check_compare(args.compare)
     sets = read_sets(args)  # bad data is reported before any model loads
+    _check_prompts(sets, args)
     if args.infer_backend == "vllm":
         _check_vllm_can_serve(args)
     out = os.path.abspath(args.output_dir or os.path.join(

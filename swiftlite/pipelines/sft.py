@@ -43,10 +43,13 @@ def preflight(args: SftArguments) -> None:
     from swiftlite.training.launch import check_output_dir
     from swiftlite.training.resume import resolve_resume
     check_output_dir(args)
-    if args.quant_bits is not None and args.deepspeed and str(args.deepspeed).strip() != "auto":
+    if args.deepspeed and str(args.deepspeed).strip() != "auto":
+        from swiftlite.config.fields import raise_if
         from swiftlite.training.deepspeed import load_config, zero_stage
-        if zero_stage(load_config(args.deepspeed)) == 3:
+        config = load_config(args.deepspeed)
+        if args.quant_bits is not None and zero_stage(config) == 3:
             raise UsageError(f"--quant_bits with a ZeRO-3 config: {QUANT_ZERO3}")
+        raise_if(args.placement_problems(config) if args.train_type == "lora" else [])
     if args.resume_from_checkpoint:
         ckpt = resolve_resume(args.resume_from_checkpoint, args.train_type, args.deepspeed)
         if ckpt != args.resume_from_checkpoint:

@@ -112,6 +112,12 @@ def recommended_preset(args, hw) -> str | None:
         raise UsageError(f"--deepspeed auto: {choice.reason}. Add --quant_bits "
                          f"{choice.quant_bits} to train it that way (QLoRA), or see `swiftlite "
                          f"estimate --model {args.model}` for the other options.")
+    if choice.deepspeed and args.train_type == "lora":
+        problems = args.placement_problems(load_config(choice.deepspeed))
+        if problems:
+            raise UsageError(f"--deepspeed auto: {choice.deepspeed} fits this run, but "
+                             + "; ".join(problems) + f". See `swiftlite estimate --model "
+                             f"{args.model}` for the other options.")
     if choice.gradient_checkpointing and not args.gradient_checkpointing:
         from swiftlite.log import warn
         warn("--deepspeed auto: the estimate needs --gradient_checkpointing true to fit.")

@@ -161,3 +161,19 @@ def test_a_lora_export_over_a_folder_of_links_says_what_ollama_needs(tmp_path):
     (plain / "config.json").write_text("{}")
     assert "folder of links" not in how_to_run(str(tmp_path / "out"), "a.gguf", "a", True,
                                                str(plain))
+
+
+def test_rows_a_template_cannot_ask_stop_before_any_model_loads(tmp_path, tiny_qwen2,
+                                                                 tiny_qwen3, capsys):
+    """Tool rows for a model whose template has no tool syntax stopped the run once the model
+    had loaded (with --compare, after the first model's whole evaluation), naming no row."""
+    import swiftlite
+    from swiftlite.errors import UsageError
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    data = write_jsonl(tmp_path / "d.jsonl", [{"tools": tools, "messages": [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}])
+    for kw in ({"model": tiny_qwen2}, {"model": tiny_qwen3, "compare": tiny_qwen2}):
+        with pytest.raises(UsageError, match=f"{data}:1: it has no place for tools"):
+            swiftlite.eval(eval_dataset=[data], output_dir=str(tmp_path / "out"), **kw)
+        assert "Loading weights" not in capsys.readouterr().err
+        assert not os.path.exists(tmp_path / "out")

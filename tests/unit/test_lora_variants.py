@@ -298,3 +298,48 @@ def test_pissa_run_resumes_and_merges_to_base_plus_adapter(tiny_qwen25, chat_jso
         got = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)(
             input_ids=ids).logits
     assert (want - got).abs().max().item() < 1e-4
+
+
+def test_variant_refusals_read_deepspeed_configs_and_targets(tmp_path, tiny_qwen25):
+    """Each seen failing first (an audit): ZeRO-3 given as a JSON file or inline JSON passed
+    the refusals that knew it by preset name, and an optimizer offloaded by a JSON config the
+    LoRA+ one; PiSSA/OLoRA with LoRA on the embeddings or on a head tied to them saved a
+    checkpoint that is not the model trained; rlhf --adapters took variant flags it ignores;
+    the estimate advised --quant_bits, which PiSSA refuses."""
+    from swiftlite.config.arguments import EstimateArguments
+    from swiftlite.config.rlhf_args import RlhfArguments
+    from swiftlite.errors import UsageError
+    from swiftlite.estimate.plan import run
+    from swiftlite.models.targets import check_target_modules_before_loading
+    from swiftlite.pipelines.sft import preflight
+    stage3 = {"zero_optimization": {"stage": 3}}
+    (tmp_path / "z3.json").write_text(json.dumps(stage3))
+    for ds in (str(tmp_path / "z3.json"), json.dumps(stage3)):
+        for kw, words in (({"use_dora": True}, "ZeRO-3 holds it partitioned"),
+                          ({"init_lora_weights": "pissa"}, "decomposition needs")):
+            with pytest.raises(UsageError, match=words):
+                preflight(_args(deepspeed=ds, output_dir=str(tmp_path / "out"), **kw))
+    offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    with pytest.raises(UsageError, match="DeepSpeed's own optimizer"):
+        preflight(_args(deepspeed=json.dumps(offload), lora_plus_lr_ratio=4.0,
+                        output_dir=str(tmp_path / "out")))
+    assert "embeddings" in " | ".join(_args(init_lora_weights="olora",
+                                            target_modules=["embed_tokens", "q_proj"]).problems())
+    with pytest.raises(UsageError, match="tied"):  # tiny-qwen2.5's head is its embeddings
+        check_target_modules_before_loading(tiny_qwen25, ["lm_head", "q_proj"],
+                                            init_lora_weights="pissa")
+    check_target_modules_before_loading(tiny_qwen25, ["lm_head", "q_proj"])
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "adapter_config.json").write_text("{}")
+    for kw in ({"use_dora": True}, {"lora_rank": 4}, {"target_modules": ["v_proj"]},
+               {"modules_to_save": ["lm_head"]}, {"init_lora_weights": "gaussian"}):
+        with pytest.raises(UsageError, match="--adapters continues"):
+            RlhfArguments(model="m", dataset=["d"], adapters=[str(ckpt)], **kw).validate()
+    RlhfArguments(model="m", dataset=["d"], adapters=[str(ckpt)],
+                  lora_plus_lr_ratio=4.0).validate()
+    plan = run(EstimateArguments(model="Qwen2-7B-Instruct", gpu_memory="16GB",
+                                 init_lora_weights="pissa"))
+    assert plan["recommendation"]["quant_bits"] is None, plan["recommendation"]
+    with pytest.raises(UsageError, match="--init_lora_weights bogus"):
+        EstimateArguments(model="m", init_lora_weights="bogus").validate()
