@@ -34,8 +34,22 @@ def presets_help() -> str:
         "that fits this hardware, per `swiftlite estimate`."
 
 
+# What the Trainer decides from its own arguments; transformers fills only the keys a config
+# has as "auto", and DeepSpeed stops without a batch size (after the model has loaded)
+TRAINER_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "train_batch_size", "gradient_clipping")
+
+
 def load_config(value) -> dict:
-    """The DeepSpeed config dict for a preset name, JSON file path, inline JSON or dict."""
+    """The DeepSpeed config dict for a preset name, JSON file path, inline JSON or dict, with
+    TRAINER_KEYS it leaves out as "auto"."""
+    config = _read_config(value)
+    for key in TRAINER_KEYS:
+        config.setdefault(key, "auto")
+    return config
+
+
+def _read_config(value) -> dict:
     if isinstance(value, dict):
         return json.loads(json.dumps(value))  # a private copy: HF fills "auto" in place
     text = str(value).strip()

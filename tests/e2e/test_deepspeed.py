@@ -56,6 +56,14 @@ def test_config_from_file_inline_json_and_dict(tmp_path):
     loaded = ds.load_config(given)
     loaded["zero_optimization"]["stage"] = 0
     assert given["zero_optimization"]["stage"] == 1  # the caller's dict is never filled in
+    # The batch sizes, accumulation and clipping are the Trainer's: a config that leaves them
+    # out gets them as "auto" (DeepSpeed stopped after the model had loaded without a batch
+    # size), one that sets them keeps its values.
+    inline = ds.load_config('{"zero_optimization": {"stage": 2}, "gradient_clipping": 0.5}')
+    assert {k: inline[k] for k in ds.TRAINER_KEYS} == {
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto", "gradient_clipping": 0.5}
+    assert ds.load_config(str(path))["train_batch_size"] == "auto"
 
 
 @pytest.mark.parametrize("value, words", [
