@@ -7,6 +7,14 @@ import re
 ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the output layer
 
 
+def _adaptable():
+    import torch
+    from transformers.pytorch_utils import Conv1D
+    nn = torch.nn
+    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention,
+            Conv1D)
+
+
 def is_all_linear(targets) -> bool:
     """--target_modules all-linear (as a string or a one-item list)."""
     return targets == ALL_LINEAR or (not isinstance(targets, str) and list(targets) == [ALL_LINEAR])
@@ -49,23 +57,42 @@ def check_target_modules(model, targets) -> None:
             raise UsageError(f"--target_modules {targets}: not a valid regex ({e})") from None
     else:
         missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    import torch
+    linear = sorted({n.split(".")[-1] for n, m in model.named_modules()
+                     if isinstance(m, torch.nn.Linear)})
+    from swiftlite.errors import UsageError
     if missing:
-        import torch
-        linear = sorted({n.split(".")[-1] for n, m in model.named_modules()
-                         if isinstance(m, torch.nn.Linear)})
-        from swiftlite.errors import UsageError
         raise UsageError(f"--target_modules {' '.join(missing)}: no such module in this model. "
                          f"Its linear layers: {', '.join(linear)}; or all-linear.")
+    blocks = sorted({n for n, m in model.named_modules()
+                     if n and _targeted(n, targets) and not isinstance(m, _adaptable())})
+    if blocks:  # peft would refuse them once the weights had loaded
+        raise UsageError(f"--target_modules {targets if isinstance(targets, str) else ' '.join(targets)}"
+                         f": {blocks[0]} ({type(dict(model.named_modules())[blocks[0]]).__name__})"
+                         " is not a layer LoRA can adapt (linear, embedding or convolution). Its "
+                         f"linear layers: {', '.join(linear)}; or all-linear.")
+
+
+def check_modules_to_save(model, names) -> None:
+    """A UsageError for a --modules_to_save entry that names no module (peft's rule: a module
+    whose full name ends with it), which would train nothing extra without a word."""
+    keys = [n for n, _ in model.named_modules() if n]
+    missing = [t for t in names if not any(k.endswith(t) for k in keys)]
+    if missing:
+        from swiftlite.errors import UsageError
+        raise UsageError(f"--modules_to_save {' '.join(missing)}: no such module in this model "
+                         "(e.g. embed_tokens, lm_head).")
 
 
 def check_target_modules_before_loading(model_dir: str, targets,
                                         trust_remote_code: bool = False,
-                                        init_lora_weights: str = "true") -> None:
+                                        init_lora_weights: str = "true",
+                                        modules_to_save=()) -> None:
     """check_target_modules on the meta-device build of model_dir's config.json, for sft to
     call before loading the weights (a minute for a 7B model). Remote-code models (their
     module names may differ from transformers' class) and architectures transformers cannot
     build from the config alone are left to peft's own check."""
-    if trust_remote_code or is_all_linear(targets):
+    if trust_remote_code or (is_all_linear(targets) and not modules_to_save):
         return
     from swiftlite.errors import UsageError
     from swiftlite.models.meta import meta_model, read_config
@@ -74,6 +101,7 @@ def check_target_modules_before_loading(model_dir: str, targets,
     except UsageError:
         return
     check_target_modules(model, targets)
+    check_modules_to_save(model, modules_to_save)
     from swiftlite.config.tuner_args import MUTATED_INIT
     head = model.get_output_embeddings()
     if (init_lora_weights.startswith(MUTATED_INIT) and head is not None

@@ -82,7 +82,8 @@ def load_for_training(args, model_dir: str, hw, dtype: str, adapter: str | None 
     from swiftlite.training.deepspeed import check_cpu_adam, zero3_init
     if args.train_type == "lora" and adapter is None:
         check_target_modules_before_loading(model_dir, args.target_modules,
-                                            args.trust_remote_code, args.init_lora_weights)
+                                            args.trust_remote_code, args.init_lora_weights,
+                                            args.modules_to_save)
     check_cpu_adam(args, hw)
     zero3 = zero3_init(args, hw, dtype)  # kept alive by the caller: ZeRO-3 loads partitioned
     quant = quantization_config(vars(args), dtype)

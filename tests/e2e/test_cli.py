@@ -168,3 +168,19 @@ def test_target_modules_typo_is_reported_before_the_weights_load(tmp_path):
     check_target_modules(model, r".*\.(q|v)_proj")
     check_target_modules(model, ["self_attn.q_proj", "embed_tokens", "lm_head"])
 
+
+def test_targets_peft_cannot_adapt_and_unknown_modules_to_save_are_refused_before_loading():
+    """Found by an audit, each seen failing first: `--target_modules mlp` (a block, not a layer
+    LoRA adapts) passed the name check and failed once the weights had loaded; a
+    `--modules_to_save` typo trained nothing extra, and the log still named it."""
+    from swiftlite.errors import UsageError
+    from swiftlite.models.builtin import build
+    from swiftlite.models.targets import check_target_modules_before_loading
+    model_dir = build("tiny-qwen2")
+    for targets in (["mlp"], ["q_proj", "input_layernorm"], r".*\.self_attn"):
+        with pytest.raises(UsageError, match="not a layer LoRA can adapt"):
+            check_target_modules_before_loading(model_dir, targets)
+    with pytest.raises(UsageError, match="--modules_to_save lm_hed: no such module"):
+        check_target_modules_before_loading(model_dir, "all-linear", modules_to_save=["lm_hed"])
+    check_target_modules_before_loading(model_dir, ["q_proj"], modules_to_save=["lm_head", "norm"])
+
