@@ -106,8 +106,7 @@ class LoraArguments:
     def placement_problems(self, config: dict) -> list[str]:
         """The ZeRO-3 and offload refusals for a loaded DeepSpeed config (a JSON file, inline
         JSON, or the preset --deepspeed auto chose), which the preset names alone miss."""
-        return self._placement_problems(self.init_lora_weights.startswith(MUTATED_INIT),
-                                        config)
+        return self._placement_problems(self.mutated_init, config)
 
     def _placement_problems(self, mutated: bool, config: dict | None = None) -> list[str]:
         """Under QLoRA and DeepSpeed ZeRO-3 (the fields of the model and train groups); the
@@ -121,11 +120,13 @@ class LoraArguments:
         ds = getattr(self, "deepspeed", None)
         if config is None and isinstance(ds, dict):
             config = ds
-        zero = (config or {}).get("zero_optimization") or {}
-        zero3 = zero.get("stage") == 3 if config is not None else "zero3" in str(ds or "")
-        offload = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme") or \
-            "optimizer" in (config or {}) if config is not None else \
-            str(ds or "").endswith("_offload")
+        if config is None:  # a preset's name says it
+            zero3, offload = "zero3" in str(ds or ""), str(ds or "").endswith("_offload")
+        else:
+            zero = config.get("zero_optimization") or {}
+            zero3 = zero.get("stage") == 3
+            offload = ((zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
+                       or "optimizer" in config)
         if zero3 and self.use_dora:
             problems.append(f"--use_dora with --deepspeed {'zero3' if isinstance(ds, dict) else ds}"
                             ": peft's DoRA reads each whole base weight in forward, and ZeRO-3 "

@@ -7,14 +7,6 @@ import re
 ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the output layer
 
 
-def _adaptable():
-    import torch
-    from transformers.pytorch_utils import Conv1D
-    nn = torch.nn
-    return (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention,
-            Conv1D)
-
-
 def is_all_linear(targets) -> bool:
     """--target_modules all-linear (as a string or a one-item list)."""
     return targets == ALL_LINEAR or (not isinstance(targets, str) and list(targets) == [ALL_LINEAR])
@@ -33,44 +25,52 @@ def peft_target(targets):
 
 
 def _targeted(name: str, targets) -> bool:
-    """Whether peft's --target_modules rule picks the module called `name`."""
-    targets = peft_target(targets)
+    """Whether peft's rule picks the module called `name`, for targets as peft_target gives
+    them: a regex fully matching the name, or a list entry equal to it or to its ending after
+    a dot."""
     if isinstance(targets, str):
-        return not is_all_linear(targets) and re.fullmatch(targets, name) is not None
+        return re.fullmatch(targets, name) is not None
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
 def check_target_modules(model, targets) -> None:
     """A UsageError naming every --target_modules entry that matches no module of `model`
     (peft's rule for a list: a module's full name, or its ending after a dot), with the names
-    there are. Run on the meta-device model (models.meta.meta_model), it reports a typo before any
-    weights are loaded; peft itself would only after."""
+    there are, or a module it matches that LoRA cannot adapt (a block such as mlp). Run on the
+    meta-device model (models.meta.meta_model), it reports these before any weights are loaded;
+    peft itself would only after."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    from swiftlite.errors import UsageError
     targets = peft_target(targets)
     if is_all_linear(targets):
         return
-    names = [n for n, _ in model.named_modules() if n]
+    modules = {n: m for n, m in model.named_modules() if n}
     if isinstance(targets, str):  # a regex: peft's re.fullmatch over full module names
         try:
-            missing = [] if any(re.fullmatch(targets, n) for n in names) else [targets]
+            re.compile(targets)
         except re.error as e:
-            from swiftlite.errors import UsageError
             raise UsageError(f"--target_modules {targets}: not a valid regex ({e})") from None
+        missing = [] if any(_targeted(n, targets) for n in modules) else [targets]
     else:
-        missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
-    import torch
-    linear = sorted({n.split(".")[-1] for n, m in model.named_modules()
+        missing = [t for t in targets if not any(_targeted(n, [t]) for n in modules)]
+    linear = sorted({n.split(".")[-1] for n, m in modules.items()
                      if isinstance(m, torch.nn.Linear)})
-    from swiftlite.errors import UsageError
     if missing:
         raise UsageError(f"--target_modules {' '.join(missing)}: no such module in this model. "
                          f"Its linear layers: {', '.join(linear)}; or all-linear.")
-    blocks = sorted({n for n, m in model.named_modules()
-                     if n and _targeted(n, targets) and not isinstance(m, _adaptable())})
+    nn = torch.nn  # the layer types peft's LoRA adapts
+    adaptable = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention,
+                 Conv1D)
+    blocks = sorted(n for n, m in modules.items()
+                    if _targeted(n, targets) and not isinstance(m, adaptable))
     if blocks:  # peft would refuse them once the weights had loaded
-        raise UsageError(f"--target_modules {targets if isinstance(targets, str) else ' '.join(targets)}"
-                         f": {blocks[0]} ({type(dict(model.named_modules())[blocks[0]]).__name__})"
-                         " is not a layer LoRA can adapt (linear, embedding or convolution). Its "
-                         f"linear layers: {', '.join(linear)}; or all-linear.")
+        shown = targets if isinstance(targets, str) else " ".join(targets)
+        raise UsageError(f"--target_modules {shown}: {blocks[0]} "
+                         f"({type(modules[blocks[0]]).__name__}) is not a layer LoRA can adapt "
+                         f"(linear, embedding or convolution). Its linear layers: "
+                         f"{', '.join(linear)}; or all-linear.")
 
 
 def check_modules_to_save(model, names) -> None:
@@ -103,11 +103,10 @@ def check_target_modules_before_loading(model_dir: str, targets,
     check_target_modules(model, targets)
     check_modules_to_save(model, modules_to_save)
     from swiftlite.config.tuner_args import MUTATED_INIT
-    head = model.get_output_embeddings()
+    head, targets = model.get_output_embeddings(), peft_target(targets)
     if (init_lora_weights.startswith(MUTATED_INIT) and head is not None
-            and head.weight is model.get_input_embeddings().weight
-            and any(name == "lm_head" or name.endswith(".lm_head")
-                    for name, _ in model.named_modules() if _targeted(name, targets))):
+            and head.weight is model.get_input_embeddings().weight and not is_all_linear(targets)
+            and any(_targeted(n, targets) for n, m in model.named_modules() if m is head)):
         raise UsageError(f"--init_lora_weights {init_lora_weights} with LoRA on lm_head: this "
                          "model's head is tied to its input embeddings (one matrix), which the "
                          "decomposition would change as well and the saved conversion would not "
