@@ -127,13 +127,13 @@ def encode_dataset(conversations: list, template: ChatTemplate, *, max_length: i
     key = cache_key(conversations, template, max_length, truncation_strategy, encoder.name)
     path = os.path.join(cache_dir("datasets"), f"{name}-{key}")
     with _entry_lock(path):
-        cached = load_cached(path, name, skip_bad_rows)
-        if cached is not None:
-            return cached
         if not skip_bad_rows and _left_out_rejected(path):
             # A --skip_bad_rows run's entry: encoding again names those rows and stops; the
             # entry stays for such runs.
             return _encode_uncached(job, skip_bad_rows, num_proc)
+        cached = load_cached(path, name)
+        if cached is not None:
+            return cached
         _sweep(path)
         tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp-{os.getpid()}")
         try:
