@@ -50,20 +50,32 @@ def run_scope():
     """Undo at the end of a run what it set up for itself in this process: the environment
     variables above, accelerate's shared state, a process group it started, and the library
     warnings it hid. Without this, a plain run after a DeepSpeed one in the same Python process
-    (the Python API) silently ran under DeepSpeed. What existed before the run (a launcher's
-    process group, the caller's own accelerate state) is left as it was."""
+    (the Python API) silently ran under DeepSpeed. What existed before the run (the caller's own
+    process group, its own accelerate state) is left as it was."""
     import warnings
     from swiftlite.log import hide_library_noise
     before = {k: os.environ.get(k) for k in RUN_ENV}
     # Looked up, not imported: a bad data row should fail before torch is even loaded.
     had_states, had_group = _accelerate_states(), process_group() is not None
+    finished = False
     try:
         with warnings.catch_warnings():  # the caller's warning filters come back afterwards
             hide_library_noise()
             yield
+        finished = True
     finally:
-        if not had_group and before["WORLD_SIZE"] is None and process_group() is not None:
-            end_process_group()  # the group of one that deepspeed.py started
+        if not had_group and process_group() is not None:
+            if before["WORLD_SIZE"] is None:
+                end_process_group()  # the group of one that deepspeed.py started
+            elif finished:
+                # The launcher's ranks' group, started by the run: a rank that leaves with a gloo
+                # group alive can abort in the interpreter's teardown ("terminate called without
+                # an active exception", a finished Python-API run under torchrun in CI once).
+                # All ranks get here; the barrier lets rank 0 finish what it writes after the
+                # last collective. After a failure another rank may be inside a collective, so
+                # the group is left to the launcher's teardown.
+                barrier()
+                end_process_group()
         # Each of accelerate's three shared states that the run created is cleared, as
         # accelerate's own _reset_state does between its tests; one the caller had (e.g. a
         # PartialState from its own TrainingArguments) stays.

@@ -56,6 +56,10 @@ def main():
     from swiftlite.config.argv import parse_argv
     assert argv[0] == "sft"
     swiftlite.sft(parse_argv(SftArguments, argv[1:], "swiftlite sft", ""))
+    # What the rank leaves to the interpreter's teardown: a live gloo group there can abort it.
+    import torch.distributed as dist
+    with open(os.path.join(out_dir, f"at_end_rank{os.environ['RANK']}.json"), "w") as f:
+        json.dump({"group_alive": dist.is_initialized()}, f)
 
 
 if __name__ == "__main__":
