@@ -68,7 +68,7 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
     a full copy of each module named (the frozen original stays)."""
     import torch
 
-    from swiftlite.models.targets import check_target_modules, peft_target
+    from swiftlite.models.targets import check_target_modules, peft_target, saved
     hf_config, model = meta_model(name, config)
     target_modules = peft_target(target_modules)
     if train_type != "full":
@@ -77,9 +77,9 @@ def model_spec(name: str, config: dict, train_type: str = "lora", lora_rank: int
     total = sum(unique.values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     lora, per_layer_inputs, outputs = _lora_counts(model, lora_rank, target_modules)
-    copies = sum({id(p): p.numel() for n, m in model.named_modules() if n and any(
-        n == t or n.endswith("." + t) for t in modules_to_save)  # tied: one copy (peft's
-        for p in m.parameters()}.values())  # ensure_weight_tying, as training.tuners sets)
+    copies = sum({id(p): p.numel() for n, m in model.named_modules()  # tied: one copy (peft's
+                  if n and saved(n, modules_to_save)  # ensure_weight_tying, as tuners sets)
+                  for p in m.parameters()}.values())
     if use_dora:
         lora += outputs[0]
     total, lora = total + copies, lora + copies

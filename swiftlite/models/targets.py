@@ -73,11 +73,18 @@ def check_target_modules(model, targets) -> None:
                          f"{', '.join(linear)}; or all-linear.")
 
 
+def saved(module_name: str, modules_to_save) -> bool:
+    """Whether peft trains a full copy of the module named `module_name` for these
+    --modules_to_save entries: its full name ends with one of them, no dot needed ("norm" also
+    names every input_layernorm)."""
+    return any(module_name.endswith(t) for t in modules_to_save)
+
+
 def check_modules_to_save(model, names) -> None:
-    """A UsageError for a --modules_to_save entry that names no module (peft's rule: a module
-    whose full name ends with it), which would train nothing extra without a word."""
+    """A UsageError for a --modules_to_save entry that names no module (see `saved`), which
+    would train nothing extra without a word."""
     keys = [n for n, _ in model.named_modules() if n]
-    missing = [t for t in names if not any(k.endswith(t) for k in keys)]
+    missing = [t for t in names if not any(saved(k, [t]) for k in keys)]
     if missing:
         from swiftlite.errors import UsageError
         raise UsageError(f"--modules_to_save {' '.join(missing)}: no such module in this model "

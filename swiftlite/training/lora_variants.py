@@ -44,14 +44,21 @@ def lora_config(args, model):
         raise UsageError(f"peft refuses this LoRA configuration: {e}") from None
 
 
-def describe(config) -> str:
-    """The variants in use, for the log line of prepare_model ("" for plain LoRA)."""
+def describe(config, model=None) -> str:
+    """The variants in use, for the log line of prepare_model ("" for plain LoRA); with the
+    peft `model`, how many modules --modules_to_save trains whole (peft matches every module
+    whose name ends with an entry: "norm" is every norm)."""
     parts = [name for name, on in (("DoRA", config.use_dora), ("rsLoRA", config.use_rslora),
                                    ("lora_bias", config.lora_bias)) if on]
     if config.init_lora_weights is not True:
         parts.append(f"init {config.init_lora_weights}")
     if config.modules_to_save:
-        parts.append(f"modules_to_save {' '.join(sorted(config.modules_to_save))}")
+        names = ' '.join(sorted(config.modules_to_save))
+        if model is not None:
+            from peft.utils import ModulesToSaveWrapper
+            copies = sum(isinstance(m, ModulesToSaveWrapper) for m in model.modules())
+            names += f": {copies} module{'s' if copies != 1 else ''} trained whole"
+        parts.append(f"modules_to_save {names}")
     return f" ({', '.join(parts)})" if parts else ""
 
 

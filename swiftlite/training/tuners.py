@@ -51,7 +51,7 @@ def prepare_model(model, args, device: str | None = None, adapter: str | None = 
     trainable, total = model.get_nb_trainable_parameters() if not zero3_partitioned(model) \
         else (_count(model), _count(model, trainable_only=False))
     target = config.target_modules if adapter is not None else peft_target(args.target_modules)
-    info(f"LoRA r={config.r} alpha={config.lora_alpha}{lora_variants.describe(config)} on "
+    info(f"LoRA r={config.r} alpha={config.lora_alpha}{lora_variants.describe(config, model)} on "
          f"{target}: {trainable:,} trainable of {total:,} parameters "
          f"({100 * trainable / total:.3f}%)")
     return model

@@ -262,6 +262,20 @@ def test_variants_in_the_web_ui_and_the_estimate(tiny_qwen25):
     assert dora.dora_outputs_per_layer == outputs
     saved = model_spec(name, config, modules_to_save=["embed_tokens", "lm_head"])  # tied: one
     assert saved.trainable_params - plain.trainable_params == config["vocab_size"] * h
+    # peft's own matching: a module whose name ends with the entry, no dot needed ("norm" trains
+    # the final norm and every input/post-attention layernorm).
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_qwen25))
+    peft_model = get_peft_model(base, LoraConfig(r=8, target_modules="all-linear",
+                                                 modules_to_save=["norm"]))
+    peft_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert model_spec(name, config, modules_to_save=["norm"]).trainable_params == peft_trainable
+    from swiftlite.training.lora_variants import describe  # and the run log says how many
+    assert (f"modules_to_save norm: {2 * layers + 1} modules trained whole"
+            in describe(peft_model.peft_config["default"], peft_model))
     rows = run(EstimateArguments(model=tiny_qwen25, use_dora=True, gpus=2))["rows"]
     assert [r["stage"] for r in rows if r["stage"].startswith("zero3")] == []
     with_dora = run(EstimateArguments(model=tiny_qwen25, use_dora=True))["rows"][0]
