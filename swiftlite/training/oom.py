@@ -83,7 +83,8 @@ def ladder(args, world_size: int = 1, hw=None) -> list[tuple[str, str]]:
                    ("zero3_offload", not (stage == 3 and off_param) and not on_cpu,
                     "keep parameters and optimizer states in CPU memory")]
         for name, applies, why in options:
-            if applies and _ZERO_RANK[name] > _rank(stage, off_opt, off_param):
+            if (applies and _ZERO_RANK[name] > _rank(stage, off_opt, off_param)
+                    and not _refused(args, name)):
                 steps.append((f"--deepspeed {name}", why))
     dtype = args.torch_dtype
     if dtype == "float32" and (hw is None or hw.device != "cpu"):
@@ -99,6 +100,15 @@ def ladder(args, world_size: int = 1, hw=None) -> list[tuple[str, str]]:
                   "shorter samples (over-long ones are dropped or cut, see "
                   "--truncation_strategy)"))
     return steps
+
+
+def _refused(args, preset: str) -> bool:
+    """Whether the run's LoRA variant refuses this preset (DoRA or PiSSA under ZeRO-3, LoRA+
+    with an offloaded optimizer): advice must not lead into a refusal."""
+    if args.train_type != "lora":
+        return False
+    from swiftlite.training.deepspeed import load_config
+    return bool(args.placement_problems(load_config(preset)))
 
 
 _ZERO_RANK = {"zero2": 2.0, "zero2_offload": 2.5, "zero3": 3.0, "zero3_offload": 3.5}
