@@ -92,13 +92,11 @@ def _end_rank() -> None:
     too), runs the exit handlers and leaves without the interpreter's teardown. Gloo's threads
     met in that teardown aborted finished runs ("terminate called without an active exception":
     a ZeRO-2 offload test once, a ZeRO-3 resume in CI once, the other rank still writing)."""
-    from swiftlite.runtime.distributed import process_group, world_size
-    if world_size() == 1:
+    from swiftlite.runtime.distributed import barrier, end_process_group, process_group
+    if process_group() is None:
         return
-    if process_group() is not None:  # a command that kept it (the run's own scope ends it)
-        from swiftlite.runtime.distributed import barrier, end_process_group
-        barrier()
-        end_process_group()
+    barrier()
+    end_process_group()
     import atexit
     atexit._run_exitfuncs()  # logging, report_to integrations: what a normal exit would run
     sys.stdout.flush()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import time
 
-from swiftlite.config.arguments import QUANT_ZERO3, SftArguments
+from swiftlite.config.arguments import SftArguments
 from swiftlite.config.parsing import build, to_dict
 from swiftlite.data import load_conversations, load_datasets
 from swiftlite.data.encode import (UNTRAINED_END_OF_TURN, describe, encode_dataset, load_cached,
@@ -45,11 +45,8 @@ def preflight(args: SftArguments) -> None:
     check_output_dir(args)
     if args.deepspeed and str(args.deepspeed).strip() != "auto":
         from swiftlite.config.fields import raise_if
-        from swiftlite.training.deepspeed import load_config, zero_stage
-        config = load_config(args.deepspeed)
-        if args.quant_bits is not None and zero_stage(config) == 3:
-            raise UsageError(f"--quant_bits with a ZeRO-3 config: {QUANT_ZERO3}")
-        raise_if(args.placement_problems(config) if args.train_type == "lora" else [])
+        from swiftlite.training.deepspeed import config_problems, load_config
+        raise_if(config_problems(args, load_config(args.deepspeed)))
     if args.resume_from_checkpoint:
         ckpt = resolve_resume(args.resume_from_checkpoint, args.train_type, args.deepspeed)
         if ckpt != args.resume_from_checkpoint:

@@ -57,25 +57,22 @@ def run_scope():
     before = {k: os.environ.get(k) for k in RUN_ENV}
     # Looked up, not imported: a bad data row should fail before torch is even loaded.
     had_states, had_group = _accelerate_states(), process_group() is not None
-    finished = False
     try:
         with warnings.catch_warnings():  # the caller's warning filters come back afterwards
             hide_library_noise()
             yield
-        finished = True
     finally:
         if not had_group and process_group() is not None:
             if before["WORLD_SIZE"] is None:
                 end_process_group()  # the group of one that deepspeed.py started
-            elif finished:
-                # The launcher's ranks' group, started by the run: a rank that leaves with a gloo
-                # group alive can abort in the interpreter's teardown ("terminate called without
-                # an active exception", a finished Python-API run under torchrun in CI once).
-                # All ranks get here; the barrier lets rank 0 finish what it writes after the
-                # last collective. After a failure another rank may be inside a collective, so
-                # the group is left to the launcher's teardown.
-                barrier()
-                end_process_group()
+            else:
+                # The launcher's ranks' group, which the run started: it stays for later runs
+                # in this process, and is ended at exit, before the interpreter's teardown,
+                # where a live gloo group can abort a finished rank ("terminate called without
+                # an active exception": a Python-API run under torchrun in CI once).
+                import atexit
+                atexit.unregister(_end_at_exit)
+                atexit.register(_end_at_exit)
         # Each of accelerate's three shared states that the run created is cleared, as
         # accelerate's own _reset_state does between its tests; one the caller had (e.g. a
         # PartialState from its own TrainingArguments) stays.
@@ -87,6 +84,11 @@ def run_scope():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _end_at_exit() -> None:
+    if process_group() is not None:
+        end_process_group()
 
 
 def _accelerate_states() -> set[str]:

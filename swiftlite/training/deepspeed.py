@@ -89,6 +89,18 @@ def zero_stage(config: dict) -> int:
     return int((config.get("zero_optimization") or {}).get("stage", 0))
 
 
+def config_problems(args, config: dict) -> list[str]:
+    """What this run refuses in a loaded DeepSpeed config: a quantized base under ZeRO-3, and
+    the LoRA variants' ZeRO-3 and offload refusals (which the preset names alone miss)."""
+    from swiftlite.config.arguments import QUANT_ZERO3
+    problems = []
+    if getattr(args, "quant_bits", None) is not None and zero_stage(config) == 3:
+        problems.append(f"--quant_bits with a ZeRO-3 config: {QUANT_ZERO3}")
+    if args.train_type == "lora":
+        problems += args.placement_problems(config)
+    return problems
+
+
 def resolve(args, hw) -> dict | None:
     """The config for args.deepspeed; "auto" takes `swiftlite estimate`'s recommendation
     (None when it says plain training fits)."""
@@ -126,8 +138,8 @@ def recommended_preset(args, hw) -> str | None:
         raise UsageError(f"--deepspeed auto: {choice.reason}. Add --quant_bits "
                          f"{choice.quant_bits} to train it that way (QLoRA), or see `swiftlite "
                          f"estimate --model {args.model}` for the other options.")
-    if choice.deepspeed and args.train_type == "lora":
-        problems = args.placement_problems(load_config(choice.deepspeed))
+    if choice.deepspeed:
+        problems = config_problems(args, load_config(choice.deepspeed))
         if problems:
             raise UsageError(f"--deepspeed auto: {choice.deepspeed} fits this run, but "
                              + "; ".join(problems) + f". See `swiftlite estimate --model "

@@ -103,12 +103,10 @@ def ladder(args, world_size: int = 1, hw=None) -> list[tuple[str, str]]:
 
 
 def _refused(args, preset: str) -> bool:
-    """Whether the run's LoRA variant refuses this preset (DoRA or PiSSA under ZeRO-3, LoRA+
-    with an offloaded optimizer): advice must not lead into a refusal."""
-    if args.train_type != "lora":
-        return False
-    from swiftlite.training.deepspeed import load_config
-    return bool(args.placement_problems(load_config(preset)))
+    """Whether the run refuses this preset (QLoRA, DoRA or PiSSA under ZeRO-3, LoRA+ with an
+    offloaded optimizer): advice must not lead into a refusal."""
+    from swiftlite.training.deepspeed import config_problems, load_config
+    return bool(config_problems(args, load_config(preset)))
 
 
 _ZERO_RANK = {"zero2": 2.0, "zero2_offload": 2.5, "zero3": 3.0, "zero3_offload": 3.5}

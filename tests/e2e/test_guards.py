@@ -64,13 +64,14 @@ def test_next_step_depends_on_the_current_deepspeed_setting(current, world, expe
 
 
 def test_ladder_leaves_out_the_steps_the_lora_variant_refuses():
-    """DoRA and PiSSA/OLoRA are refused under ZeRO-3, LoRA+ with an offloaded optimizer: the
+    """QLoRA, DoRA and PiSSA/OLoRA are refused under ZeRO-3, LoRA+ with an offloaded optimizer: the
     advice after an out-of-memory error must not send the user into those refusals."""
     assert flags(args(use_dora=True), 2)[:3] == [
         "--deepspeed zero2", "--deepspeed zero2_offload", "--max_length 1024"]
     assert not any("zero3" in f for f in flags(args(init_lora_weights="pissa"), 2))
     assert [f for f in flags(args(lora_plus_lr_ratio=16.0), 2) if "deepspeed" in f] == [
         "--deepspeed zero2", "--deepspeed zero3"]
+    assert not any("zero3" in f for f in flags(args(quant_bits=4), 2))  # QLoRA: no ZeRO-3
 
 
 def test_zero3_offload_is_the_last_deepspeed_step_and_json_configs_are_read(tmp_path):

@@ -56,10 +56,17 @@ def main():
     from swiftlite.config.argv import parse_argv
     assert argv[0] == "sft"
     swiftlite.sft(parse_argv(SftArguments, argv[1:], "swiftlite sft", ""))
-    # What the rank leaves to the interpreter's teardown: a live gloo group there can abort it.
+    # The group stays for later runs in this process, and the exit handlers end it before the
+    # interpreter's teardown, where a live gloo group can abort the rank.
+    import atexit
     import torch.distributed as dist
+    after_run = dist.is_initialized()
+    atexit._run_exitfuncs()  # what a normal exit runs first
     with open(os.path.join(out_dir, f"at_end_rank{os.environ['RANK']}.json"), "w") as f:
-        json.dump({"group_alive": dist.is_initialized()}, f)
+        json.dump({"after_run": after_run, "after_exit_handlers": dist.is_initialized()}, f)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the handlers ran; as the CLI's ranks leave
 
 
 if __name__ == "__main__":
