@@ -9,7 +9,6 @@ so a run that already uses ZeRO-2 is told to try zero2_offload, not zero2 again.
 from __future__ import annotations
 
 import contextlib
-import json
 
 from swiftlite.errors import RunError
 
@@ -17,12 +16,6 @@ from swiftlite.errors import RunError
 # and the C library (ENOMEM).
 _OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory",
              "not enough memory", "failed to allocate memory")
-
-# deepspeed preset -> (ZeRO stage, optimizer offloaded, parameters offloaded)
-_PRESETS = {"zero0": (0, False, False), "zero1": (1, False, False), "zero2": (2, False, False),
-            "zero2_offload": (2, True, False), "zero3": (3, False, False),
-            "zero3_offload": (3, True, True)}
-
 
 def is_oom(exc: BaseException) -> bool:
     import torch
@@ -32,27 +25,22 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def zero_setup(deepspeed) -> tuple[int, bool, bool] | None:
-    """(stage, offload_optimizer, offload_param) of a --deepspeed value; None when DeepSpeed is
-    off or the value cannot be read (then no DeepSpeed step is suggested blindly)."""
+    """(stage, offload_optimizer, offload_param) of a --deepspeed value, read as the run reads
+    it; (-1, False, False) without DeepSpeed; None when the value cannot be read (then no
+    DeepSpeed step is suggested blindly)."""
     if not deepspeed:
         return (-1, False, False)
-    if isinstance(deepspeed, str) and deepspeed in _PRESETS:
-        return _PRESETS[deepspeed]
+    from swiftlite.errors import UsageError
+    from swiftlite.training.deepspeed import load_config, zero_stage
     try:
-        if isinstance(deepspeed, dict):
-            config = deepspeed
-        elif str(deepspeed).strip().startswith("{"):
-            config = json.loads(deepspeed)
-        else:
-            with open(deepspeed, encoding="utf-8") as f:
-                config = json.load(f)
-    except (OSError, ValueError):
+        config = load_config(deepspeed)
+    except UsageError:
         return None
     zero = config.get("zero_optimization") or {}
 
     def offloaded(key):
         return (zero.get(key) or {}).get("device", "none") not in ("none", None)
-    return int(zero.get("stage", 0)), offloaded("offload_optimizer"), offloaded("offload_param")
+    return zero_stage(config), offloaded("offload_optimizer"), offloaded("offload_param")
 
 
 def ladder(args, world_size: int = 1, hw=None) -> list[tuple[str, str]]:
