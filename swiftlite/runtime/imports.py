@@ -15,16 +15,18 @@ PLAIN_OPTIMIZERS = ("", "adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "a
 
 def leave_out_unused(args) -> None:
     """Libraries a run does not use are imported anyway by those it does, whenever installed:
-    peft imports bitsandbytes, which imports torch's inductor, and the Trainer (through
-    accelerate) imports DeepSpeed, about 500 modules; each a fraction of a second of every
-    start (docs/performance.md). bitsandbytes is left out of a run with neither a 4/8-bit
-    base (--quant_bits) nor one of its optimizers (adamw_bnb_8bit, paged_*, lion_*, ...),
-    DeepSpeed out of a run without --deepspeed. The libraries then take each as not
-    installed: importlib finds no module set to None in sys.modules."""
+    peft imports bitsandbytes, which imports torch's inductor, the Trainer (through
+    accelerate) imports DeepSpeed, and transformers' models import SciPy for the matching in
+    object-detection losses; each a fraction of a second of every start and tens of MB
+    (docs/performance.md). bitsandbytes is left out of a run with neither a
+    4/8-bit base (--quant_bits) nor one of its optimizers (adamw_bnb_8bit, paged_*, lion_*,
+    ...), DeepSpeed out of a run without --deepspeed, SciPy out of every run (no causal LM's
+    training uses it). The libraries then take each as not installed: importlib finds no
+    module set to None in sys.modules."""
     if not command_process:
         return
     optim = str((getattr(args, "training_args", None) or {}).get("optim") or "")
-    unused = []
+    unused = ["scipy"]
     if getattr(args, "quant_bits", None) is None and optim in PLAIN_OPTIMIZERS:
         unused.append("bitsandbytes")
     if not getattr(args, "deepspeed", None):

@@ -68,7 +68,7 @@ gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] 
 sys.argv = ["swiftlite", "sft", "--model", "tiny-qwen2", "--dataset", "self-cognition#8",
             "--max_steps", "2", "--report_to", "none", "--output_dir", sys.argv[1]]
 assert main() == 0
-print(json.dumps({"left_out": [m for m in ("bitsandbytes", "deepspeed")
+print(json.dumps({"left_out": [m for m in ("bitsandbytes", "deepspeed", "scipy")
                                if m in sys.modules and sys.modules[m] is None],
                   "full": full, "frozen": gc.get_freeze_count(),
                   "threshold_back": gc.get_threshold() == threshold}))
@@ -78,15 +78,16 @@ print(json.dumps({"left_out": [m for m in ("bitsandbytes", "deepspeed")
 @pytest.mark.slow
 def test_a_run_starts_without_unused_libraries_and_without_full_collections(tiny_qwen2,
                                                                               tmp_path):
-    """`swiftlite sft` leaves bitsandbytes and DeepSpeed out before peft and the Trainer would
-    import them, and trains the same; no full garbage collection runs before the first step, and from there
-    on they run as before, without the objects the run keeps (runtime/gc_start.py)."""
+    """`swiftlite sft` leaves bitsandbytes, DeepSpeed and SciPy out before peft, transformers'
+    models and the Trainer would import them, and trains the same; no full garbage collection
+    runs before the first step, and from there on they run as before, without the objects the
+    run keeps (runtime/gc_start.py)."""
     env = {**os.environ, "SWIFTLITE_ALLOCATOR": "glibc", "SWIFTLITE_PREFETCH": "0"}
     r = subprocess.run([sys.executable, "-c", SFT, str(tmp_path / "out")], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     seen = json.loads(r.stdout.strip().splitlines()[-1])
-    assert seen["left_out"] == ["bitsandbytes", "deepspeed"]
+    assert seen["left_out"] == ["bitsandbytes", "deepspeed", "scipy"]
     assert all(frozen > 0 for frozen in seen["full"]), seen["full"]  # none while starting
     assert seen["frozen"] > 100_000 and seen["threshold_back"] is True
     assert "loss" in r.stderr + r.stdout
@@ -133,17 +134,24 @@ def test_an_out_of_memory_error_leaves_a_callers_own_freeze_alone():
 
 def test_a_library_stays_for_the_runs_that_use_it_and_for_the_python_api(monkeypatch):
     """bitsandbytes for a 4-bit base and its optimizers, DeepSpeed for --deepspeed (auto too);
-    the Python API keeps both. (A run with --quant_bits through the CLI: test_qlora.py's
-    two-process run; with --deepspeed: test_deepspeed.py.)"""
-    before = {m: sys.modules.get(m, "absent") for m in ("bitsandbytes", "deepspeed")}
+    the Python API keeps all three. (A run with --quant_bits through the CLI: test_qlora.py's
+    two-process run; with --deepspeed: test_deepspeed.py.) SciPy, which no run uses, is left
+    out of each of these runs: in a copy of sys.modules, so this test process keeps it."""
+    used = ("bitsandbytes", "deepspeed")
     monkeypatch.setattr(imports, "command_process", True)
     for args in (dict(quant_bits=4, training_args={}, deepspeed="zero2"),
                  dict(quant_bits=None, training_args={"optim": "adamw_bnb_8bit"},
                       deepspeed="auto"),
                  dict(quant_bits=None, training_args={"optim": "paged_lion_32bit"},
                       deepspeed={"zero_optimization": {"stage": 2}})):
+        modules = {m: v for m, v in sys.modules.items() if m != "scipy"}
+        monkeypatch.setattr(sys, "modules", modules)
         imports.leave_out_unused(types.SimpleNamespace(**args))
-        assert {m: sys.modules.get(m, "absent") for m in before} == before, args
+        monkeypatch.undo()
+        assert all(m not in modules or modules[m] is not None for m in used), args
+        assert "scipy" in modules and modules["scipy"] is None, args
+        monkeypatch.setattr(imports, "command_process", True)
+    before = {m: sys.modules.get(m, "absent") for m in (*used, "scipy")}
     monkeypatch.setattr(imports, "command_process", False)  # swiftlite.sft(...) from Python
     imports.leave_out_unused(types.SimpleNamespace(quant_bits=None, training_args={},
                                                    deepspeed=None))
