@@ -30,7 +30,9 @@ def lora_config(args, model):
     from swiftlite.errors import UsageError
     from swiftlite.models.targets import peft_target
     init = args.init_lora_weights
-    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    # a tied embedding and LM head stay one matrix when either is trained whole: one copy
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False)) and \
+        _saves_embedding_or_head(model, args.modules_to_save)
     try:
         return LoraConfig(
             r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
@@ -38,10 +40,18 @@ def lora_config(args, model):
             use_rslora=args.use_rslora, lora_bias=args.lora_bias,
             init_lora_weights=True if init == "true" else init,
             modules_to_save=list(args.modules_to_save) or None,
-            # a tied embedding and LM head stay one matrix: one trained copy
-            ensure_weight_tying=tied and bool(args.modules_to_save), task_type="CAUSAL_LM")
+            ensure_weight_tying=tied, task_type="CAUSAL_LM")
     except ValueError as e:  # a combination validate does not know of
         raise UsageError(f"peft refuses this LoRA configuration: {e}") from None
+
+
+def _saves_embedding_or_head(model, modules_to_save) -> bool:
+    """Whether --modules_to_save trains the input embedding or the LM head (peft warns when
+    asked to keep a tie that no saved module touches)."""
+    from swiftlite.models.targets import saved
+    ends = [model.get_input_embeddings(), model.get_output_embeddings()]
+    return any(saved(name, modules_to_save or ()) for name, m in model.named_modules()
+               if name and any(m is end for end in ends))
 
 
 def describe(config, model=None) -> str:
@@ -56,10 +66,36 @@ def describe(config, model=None) -> str:
         names = ' '.join(sorted(config.modules_to_save))
         if model is not None:
             from peft.utils import ModulesToSaveWrapper
-            copies = sum(isinstance(m, ModulesToSaveWrapper) for m in model.modules())
-            names += f": {copies} module{'s' if copies != 1 else ''} trained whole"
+            copies = [m for m in model.modules() if isinstance(m, ModulesToSaveWrapper)]
+            names += f": {len(copies)} module{'s' if len(copies) != 1 else ''} trained whole"
+            import torch
+            if all(p.dtype == torch.float32 for m in copies for p in m.parameters()
+                   if p.requires_grad):
+                names += " in fp32"
         parts.append(f"modules_to_save {names}")
     return f" ({', '.join(parts)})" if parts else ""
+
+
+def train_copies_in_fp32(model, fp32_fits: bool) -> None:
+    """The trained --modules_to_save copies in fp32. peft makes them in the base's dtype (it
+    upcasts only the LoRA weights); on a 16-bit base AdamW's steps on a weight near 1 are then
+    below bf16's resolution, so the copies would not learn at all, and an fp16 one fails the
+    loss scaler ("Attempting to unscale FP16 gradients"). `fp32_fits`: the layers around a
+    copy take its fp32 output (autocast on a GPU, fp32 activations on a CPU); with bf16
+    activations and no autocast they would not, so the copies stay 16-bit, said in the log.
+    ZeRO-3's partitioned parameters are DeepSpeed's to cast (its optimizer keeps fp32 master
+    weights)."""
+    import torch
+    half = [p for p in model.parameters() if p.requires_grad and not hasattr(p, "ds_id")
+            and p.dtype in (torch.float16, torch.bfloat16)]
+    if half and not fp32_fits:
+        from swiftlite.log import warn
+        warn("--modules_to_save: the copies train in bf16, as the activations are (a 4-bit "
+             "base or --fp32_activations false on a CPU), and AdamW's steps smaller than "
+             "bf16's resolution round away; --torch_dtype float32 trains them in fp32")
+        return
+    for p in half:
+        p.data = p.data.float()  # the same Parameter: a tied head and embedding stay one
 
 
 def warn_unmergeable_bias(model, config) -> None:

@@ -46,6 +46,7 @@ def prepare_model(model, args, device: str | None = None, adapter: str | None = 
         lora_variants.warn_unmergeable_bias(model, config)
         if lora_variants.mutated_init(config):
             lora_variants.save_converted(model)
+    lora_variants.train_copies_in_fp32(model, device != "cpu" or plan.fp32_activations)
     speedups.apply(model, plan)
     # peft counts a 4-bit parameter as the weights it packs, not its bytes
     trainable, total = model.get_nb_trainable_parameters() if not zero3_partitioned(model) \

@@ -144,6 +144,42 @@ def test_smollm2_variants_equal_plain_peft(smollm2):
     _assert_close_grads(plain_grads, grads)
 
 
+def test_modules_to_save_learn_on_a_16_bit_base(tiny_qwen25, capfd):
+    """A bf16 base (--torch_dtype auto on a bf16 CPU or GPU): peft copies the --modules_to_save
+    modules in the base's dtype, where AdamW's steps on a weight near 1 (1e-4 at lr 1e-4) are
+    below bf16's resolution (2^-7): the copies would not change at all. They train in fp32,
+    the log says so, and the frozen originals stay as loaded."""
+    from swiftlite.models.loader import load_model
+    from swiftlite.training.tuners import prepare_model
+    _, _, batch = _batch(tiny_qwen25)
+    model = prepare_model(load_model(tiny_qwen25, "bfloat16"),
+                          _args(modules_to_save=["norm"])).train()
+    assert "modules_to_save norm: 5 modules trained whole in fp32" in capfd.readouterr().err
+    copies = {n: p for n, p in model.named_parameters() if "modules_to_save" in n}
+    originals = {n: p for n, p in model.named_parameters() if "original_module" in n}
+    assert len(copies) == len(originals) == 5
+    assert {p.dtype for p in copies.values()} == {torch.float32}
+    assert {p.dtype for p in originals.values()} == {torch.bfloat16}
+    before = {n: p.detach().clone() for n, p in {**copies, **originals}.items()}
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    for _ in range(3):
+        model(**batch).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    for n, p in copies.items():  # every value moved, the largest by about 3 steps of lr
+        assert (p.detach() != before[n]).all(), n
+        assert (p.detach() - before[n]).abs().max() > 2e-4, n
+    assert all(torch.equal(p, before[n]) for n, p in originals.items())
+    # bf16 activations without autocast (--fp32_activations false on a CPU): fp32 copies would
+    # hand fp32 to the bf16 layers after them, so they stay bf16, and the log says why
+    model = prepare_model(load_model(tiny_qwen25, "bfloat16"),
+                          _args(modules_to_save=["norm"], fp32_activations=False)).train()
+    assert "the copies train in bf16" in capfd.readouterr().err
+    assert {p.dtype for n, p in model.named_parameters() if p.requires_grad} == {
+        torch.float32, torch.bfloat16}  # the LoRA weights (peft's own upcast) and the copies
+    assert torch.isfinite(model(**batch).loss)
+
+
 @pytest.fixture(scope="module")
 def trainer(tiny_qwen25, tmp_path_factory):
     """swiftlite's SFT Trainer with --neftune_noise_alpha 5 and --lora_plus_lr_ratio 16."""
