@@ -76,7 +76,7 @@ def describe(config, model=None) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def train_copies_in_fp32(model, fp32_fits: bool) -> None:
+def train_copies_in_fp32(model, fp32_fits: bool) -> int:
     """The trained --modules_to_save copies in fp32. peft makes them in the base's dtype (it
     upcasts only the LoRA weights); on a 16-bit base AdamW's steps on a weight near 1 are then
     below bf16's resolution, so the copies would not learn at all, and an fp16 one fails the
@@ -84,7 +84,7 @@ def train_copies_in_fp32(model, fp32_fits: bool) -> None:
     copy take its fp32 output (autocast on a GPU, fp32 activations on a CPU); with bf16
     activations and no autocast they would not, so the copies stay 16-bit, said in the log.
     ZeRO-3's partitioned parameters are DeepSpeed's to cast (its optimizer keeps fp32 master
-    weights)."""
+    weights). Returns how many parameters were cast."""
     import torch
     half = [p for p in model.parameters() if p.requires_grad and not hasattr(p, "ds_id")
             and p.dtype in (torch.float16, torch.bfloat16)]
@@ -93,9 +93,20 @@ def train_copies_in_fp32(model, fp32_fits: bool) -> None:
         warn("--modules_to_save: the copies train in bf16, as the activations are (a 4-bit "
              "base or --fp32_activations false on a CPU), and AdamW's steps smaller than "
              "bf16's resolution round away; --torch_dtype float32 trains them in fp32")
-        return
+        return 0
     for p in half:
         p.data = p.data.float()  # the same Parameter: a tied head and embedding stay one
+    return len(half)
+
+
+def reload_copies(model, adapter: str) -> None:
+    """The --modules_to_save copies of a saved `adapter` loaded again into their fp32
+    parameters: peft loaded them into copies in the base's dtype, rounding what training
+    had changed below its resolution."""
+    from peft import set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+    saved = {k: v for k, v in load_peft_weights(adapter).items() if "lora_" not in k}
+    set_peft_model_state_dict(model, saved)
 
 
 def warn_unmergeable_bias(model, config) -> None:

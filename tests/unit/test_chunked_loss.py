@@ -104,3 +104,35 @@ def test_fp16_head_gradient_matches_fp32_under_the_loss_scale():
     got = hidden.grad.float() / scale
     assert hidden.grad.dtype == torch.float16 and torch.isfinite(got).all()
     assert (got - ref.grad).norm() / ref.grad.norm() < 1e-3
+
+
+def test_a_trained_fp32_head_multiplies_in_the_activations_16_bits(monkeypatch):
+    """A trained head copy is fp32 (--modules_to_save lm_head); under a GPU's 16-bit autocast
+    the hidden states are 16-bit, and the head's products run in those 16 bits, as autocast
+    runs the model's own head, not in fp32. A frozen 16-bit head under fp32 activations (the
+    CPU default) multiplies in its own 16 bits, and fp32 with fp32 stays fp32. The weight's
+    gradient is the fp32 weight's. SFT's chunked loss and the preference losses alike."""
+    from swiftlite.training.preference.logps import token_logps
+    from swiftlite.training.speedups import chunked_loss, onednn_fp32
+    seen = []
+    real = onednn_fp32.linear
+    monkeypatch.setattr(onednn_fp32, "linear", lambda x, w, *a, **k: seen.append(
+        (x.dtype, w.dtype)) or real(x, w, *a, **k))
+    real_f = torch.nn.functional.linear
+    import swiftlite.training.preference.logps as logps
+    monkeypatch.setattr(logps.F, "linear", lambda x, w, *a, **k: seen.append(
+        (x.dtype, w.dtype)) or real_f(x, w, *a, **k))
+    torch.manual_seed(0)
+    for h_dtype, w_dtype, mm in ((torch.bfloat16, torch.float32, torch.bfloat16),
+                                 (torch.float32, torch.bfloat16, torch.bfloat16),
+                                 (torch.float32, torch.float32, torch.float32)):
+        hidden = torch.randn(8, 16, dtype=h_dtype, requires_grad=True)
+        weight = torch.randn(32, 16, dtype=w_dtype, requires_grad=True)
+        targets = torch.randint(0, 32, (8,))
+        for loss in (lambda: chunked_loss.linear_cross_entropy(hidden, weight, targets, 4),
+                     lambda: -token_logps(hidden, weight, targets, 4).sum()):
+            seen.clear()
+            loss().backward()
+            assert seen and set(seen) == {(mm, mm)}, (h_dtype, w_dtype, seen)
+            assert weight.grad.dtype == w_dtype and hidden.grad.dtype == h_dtype
+            weight.grad = hidden.grad = None

@@ -180,6 +180,33 @@ def test_modules_to_save_learn_on_a_16_bit_base(tiny_qwen25, capfd):
     assert torch.isfinite(model(**batch).loss)
 
 
+def test_fp32_copies_load_back_exactly_and_deepspeed_on_a_gpu_keeps_its_own(tiny_qwen25,
+                                                                            tmp_path):
+    """Training on from a saved adapter (rlhf after sft, `--adapters`): the fp32 copies it
+    holds come back bit for bit, not rounded through the base's bf16 on the way in. Under
+    DeepSpeed on a GPU the copies are left to DeepSpeed, which casts the model to its 16-bit
+    dtype and keeps fp32 master weights (prepare_model for a GPU, run here on the CPU model:
+    only the decision is checked; the GPU run itself needs a GPU)."""
+    from swiftlite.models.loader import load_model
+    from swiftlite.training.tuners import prepare_model
+    model = prepare_model(load_model(tiny_qwen25, "bfloat16"), _args(modules_to_save=["norm"]))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "modules_to_save" in n:
+                p.add_(torch.full_like(p, 1e-4))  # a trained step bf16 cannot hold near 1
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()
+             if "modules_to_save" in n}
+    model.save_pretrained(tmp_path)
+    again = prepare_model(load_model(tiny_qwen25, "bfloat16"), _args(), adapter=str(tmp_path))
+    loaded = {n: p for n, p in again.named_parameters() if "modules_to_save" in n}
+    assert loaded.keys() == saved.keys()
+    assert all(torch.equal(loaded[n], saved[n]) for n in saved)
+    on_gpu = prepare_model(load_model(tiny_qwen25, "bfloat16"),
+                           _args(modules_to_save=["norm"], deepspeed="zero2"), device="cuda")
+    assert {p.dtype for n, p in on_gpu.named_parameters() if "modules_to_save" in n} == {
+        torch.bfloat16}
+
+
 @pytest.fixture(scope="module")
 def trainer(tiny_qwen25, tmp_path_factory):
     """swiftlite's SFT Trainer with --neftune_noise_alpha 5 and --lora_plus_lr_ratio 16."""

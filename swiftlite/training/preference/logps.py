@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from swiftlite.config.constants import IGNORE_INDEX, LOSS_CHUNK_ROWS
-from swiftlite.training.speedups.chunked_loss import (decoder_output, shifted_targets, unwrap,
-                                                      why_unsupported)
+from swiftlite.training.speedups.chunked_loss import (decoder_output, matmul_dtype,
+                                                      shifted_targets, unwrap, why_unsupported)
 
 MODEL_KEYS = ("input_ids", "position_ids", "attention_mask")
 
@@ -27,7 +27,8 @@ def _chunk_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tens
     # head's product through autograd: oneDNN's fp32 linear (training.speedups.onednn_fp32)
     # has no backward, and here autograd differentiates it (SFT's chunked loss computes its
     # gradient itself).
-    logits = F.linear(hidden.to(weight.dtype), weight).float()
+    mm = matmul_dtype(hidden, weight)
+    logits = F.linear(hidden.to(mm), weight.to(mm)).float()
     return torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
 
 

@@ -30,12 +30,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, chunk):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.weight_dtype = weight.dtype
+        weight = weight.to(matmul_dtype(hidden, weight))
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if need_w else None
         for start in range(0, hidden.shape[0], chunk):
-            # fp32 hidden states with a bf16 head (precision.fp32_activations): bf16 matmul
             h, y = hidden[start:start + chunk].to(weight.dtype), targets[start:start + chunk]
             logits = onednn_fp32.linear(h, weight)
             # fp32 log-probabilities (16-bit logits upcast, like the model's own loss) in place,
@@ -70,6 +70,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gh = grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None
         gw = (grad_w * grad_out).to(ctx.weight_dtype) if grad_w is not None else None
         return gh, gw, None, None
+
+
+def matmul_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The head product's dtype: the narrower of the two. fp32 hidden states with a frozen
+    bf16 head (fp32_activations.py): bf16, as the other frozen matmuls; 16-bit hidden states
+    (a GPU's autocast) with a trained fp32 head copy (--modules_to_save): their 16 bits, as
+    autocast runs the model's own head."""
+    return hidden.dtype if hidden.dtype.itemsize < weight.dtype.itemsize else weight.dtype
 
 
 def linear_cross_entropy(hidden, weight, targets, chunk: int = CHUNK):
