@@ -47,10 +47,10 @@ def prepare_model(model, args, device: str | None = None, adapter: str | None = 
         if lora_variants.mutated_init(config):
             lora_variants.save_converted(model)
     # DeepSpeed on a GPU casts the model to its 16-bit dtype itself, with fp32 master weights
-    if not (getattr(args, "deepspeed", None) and device != "cpu") and \
-            lora_variants.train_copies_in_fp32(model, device != "cpu" or plan.fp32_activations) \
-            and adapter is not None:
-        lora_variants.reload_copies(model, adapter)  # loaded through the base's 16 bits
+    if not (getattr(args, "deepspeed", None) and device != "cpu"):
+        cast = lora_variants.train_copies_in_fp32(model, device != "cpu" or plan.fp32_activations)
+        if cast and adapter is not None:
+            lora_variants.reload_copies(model, adapter)  # loaded through the base's 16 bits
     speedups.apply(model, plan)
     # peft counts a 4-bit parameter as the weights it packs, not its bytes
     trainable, total = model.get_nb_trainable_parameters() if not zero3_partitioned(model) \
