@@ -27,5 +27,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         build(sys.argv[1])
     else:
+        from swiftlite.runtime.build_locks import clear_stale
+        clear_stale()  # a lock left by a killed build (an interrupted setup) would hang both
         builds = [subprocess.Popen([sys.executable, __file__, name]) for name in OPS]
         sys.exit(max(b.wait() for b in builds))

@@ -174,9 +174,13 @@ def check_cpu_adam(args, hw) -> None:
     """An optimizer offloaded to the CPU runs DeepSpeed's CPU Adam, a C++ op compiled on its
     first use: compile (or load) it now, before the model loads, so that a machine without a
     compiler gets one clear error instead of a build log at the first step. Every rank asks;
-    torch's extension lock lets one build while the others wait for it."""
+    torch's extension lock lets one build while the others wait for it; a lock that a killed
+    build left would make them wait forever, so those go first (runtime/build_locks.py; the
+    shared-memory all-reduce that DeepSpeed builds on a CPU shares the folder)."""
     if not args.deepspeed:
         return
+    from swiftlite.runtime.build_locks import clear_stale
+    clear_stale()
     config = resolve(args, hw)
     offload = ((config or {}).get("zero_optimization") or {}).get("offload_optimizer") or {}
     if offload.get("device") not in ("cpu", "nvme"):
