@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 
@@ -80,3 +82,34 @@ def test_no_locks_no_wait(tmp_path):
     """The common case costs a glob: no locks, no /proc scan, no pause."""
     (tmp_path / "py311_cpu" / "cpu_adam").mkdir(parents=True)
     assert build_locks.clear_stale(str(tmp_path), settle_s=30) == []
+
+
+def test_filesystem_types_come_from_the_mount_table(tmp_path):
+    assert build_locks.filesystem("/proc/self") == "proc"
+    assert build_locks.filesystem(str(tmp_path)) in build_locks.LOCAL_FILESYSTEMS
+
+
+def test_on_a_shared_filesystem_a_young_lock_is_waited_for(tmp_path, monkeypatch, capsys):
+    """On NFS the builder may be a rank on another node, which no /proc here shows: an unheld
+    lock is stale only once it is older than any build takes. (A network filesystem cannot be
+    mounted here, so its type is what is mocked.)"""
+    monkeypatch.setattr(build_locks, "filesystem", lambda path: "nfs4")
+    folder = tmp_path / "py311_cpu" / "cpu_adam"
+    folder.mkdir(parents=True)
+    lock = folder / "lock"
+    lock.touch()
+    old = time.time() - 2 * build_locks.SHARED_STALE_S
+    os.utime(lock, (old, old))
+    start = time.monotonic()
+    assert build_locks.clear_stale(str(tmp_path), settle_s=0) == [str(lock)]  # old: at once
+    assert time.monotonic() - start < 5
+
+    lock.touch()  # young: waited for until it is 1.5 s old, then taken as stale
+    assert build_locks.clear_stale(str(tmp_path), settle_s=0, shared_stale_s=1.5) == [str(lock)]
+    assert "another node's, or a killed one" in capsys.readouterr().err
+
+    lock.touch()  # young, and the other node's build ends meanwhile: nothing to remove
+    threading.Timer(0.5, lock.unlink).start()
+    start = time.monotonic()
+    assert build_locks.clear_stale(str(tmp_path), settle_s=0, shared_stale_s=30) == []
+    assert time.monotonic() - start < 10
