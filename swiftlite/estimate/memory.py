@@ -287,10 +287,11 @@ def estimate(spec: ModelSpec, *, gpus_per_node: int = 1, nodes: int = 1,
                           selective_checkpointing)
         act_full = activations(spec, tokens, dtype, train_type, False, lora_dropout, chunked)
         # DeepSpeed trains 16-bit copies with fp32 masters whatever the load dtype was.
-        ds_w = DTYPE_BYTES[dtype] if stage != "none" else w
+        load_w = DTYPE_BYTES[weights_dtype(dtype, train_type, deepspeed=stage != "none")]
+        ds_w = DTYPE_BYTES[dtype] if stage != "none" else load_w
         gpu, cpu = model_states(stage, spec.total_params, spec.trainable_params,
                                 spec.largest_layer_params, gpus_per_node=gpus_per_node,
-                                nodes=nodes, weight_bytes=ds_w, load_bytes=w)
+                                nodes=nodes, weight_bytes=ds_w, load_bytes=load_w)
         gpu["params"] -= saved
         states = gpu["params"] + gpu["grads"] + gpu["optim"]
         rows.append(Row(stage, {**gpu, "activations": act, "activations_no_ckpt": act_full},

@@ -184,20 +184,28 @@ def inference_dtype(requested: str | None, trained: str | None, hw: Hardware) ->
     return "bfloat16" if trained == "bfloat16" and hw.cpu_bf16 else CPU_DTYPE
 
 
-def weights_dtype(dtype: str, train_type: str) -> str:
+def weights_dtype(dtype: str, train_type: str, deepspeed: bool = False) -> str:
     """The dtype to load weights in for compute dtype `dtype`.
 
-    fp16 training needs a loss scaler, and torch's GradScaler refuses fp16 gradients on the
-    weights it steps ("Attempting to unscale FP16 gradients"): full fine-tuning in fp16 keeps
-    fp32 master weights and lets autocast run the matmuls in fp16. LoRA needs no such copy:
-    peft keeps the adapter weights in fp32 while the frozen base stays fp16.
+    Full fine-tuning with 16-bit compute keeps fp32 master weights and lets autocast run the
+    layers in 16 bits. fp16: torch's GradScaler refuses fp16 gradients on the weights it steps
+    ("Attempting to unscale FP16 gradients"). bf16: AdamW's steps are about the learning rate,
+    and bf16 rounds away a step below half its resolution at the weight, so most of a model
+    stopped learning (docs/reliability.md). DeepSpeed keeps fp32 masters of its own under
+    bf16, so there the weights load in bf16. LoRA needs no copy: peft keeps the adapter
+    weights in fp32 while the frozen base stays 16-bit.
     """
-    return "float32" if dtype == "float16" and train_type == "full" else dtype
+    if train_type == "full" and (dtype == "float16" or (dtype == "bfloat16" and not deepspeed)):
+        return "float32"
+    return dtype
 
 
-def amp_flags(dtype: str, hw: Hardware) -> dict:
-    """TrainingArguments mixed-precision flags: fp16 turns on the Trainer's loss scaling."""
-    return {"bf16": dtype == "bfloat16" and hw.device != "cpu", "fp16": dtype == "float16"}
+def amp_flags(dtype: str, hw: Hardware, weights: str | None = None) -> dict:
+    """TrainingArguments mixed-precision flags: fp16 turns on the Trainer's loss scaling. On a
+    CPU bf16 autocast only over fp32 master weights (`weights`: their dtype); LoRA's bf16 base
+    computes in bf16 with fp32 activations there instead (speedups/fp32_activations.py)."""
+    bf16 = dtype == "bfloat16" and (hw.device != "cpu" or weights == "float32")
+    return {"bf16": bf16, "fp16": dtype == "float16"}
 
 
 def flash_attn_installed() -> bool:

@@ -79,7 +79,7 @@ def load_for_training(args, model_dir: str, hw, dtype: str, adapter: str | None 
     training), checkpointing and the speed-ups; the ZeRO-3 context to keep alive)."""
     from swiftlite.models.loader import load_model, quantization_config
     from swiftlite.models.targets import check_target_modules_before_loading
-    from swiftlite.training.deepspeed import check_cpu_adam, zero3_init
+    from swiftlite.training.deepspeed import check_cpu_adam, resolve, zero3_init
     if args.train_type == "lora" and adapter is None:
         check_target_modules_before_loading(model_dir, args.target_modules,
                                             args.trust_remote_code, args.init_lora_weights,
@@ -91,7 +91,11 @@ def load_for_training(args, model_dir: str, hw, dtype: str, adapter: str | None 
         info(f"QLoRA: the frozen base in {args.quant_bits} bits (bitsandbytes" + (
             f", {args.bnb_4bit_quant_type}{', double quant' if args.bnb_4bit_use_double_quant else ''}"
             if args.quant_bits == 4 else ", LLM.int8") + f"), computing in {dtype}")
-    model = load_model(model_dir, hardware.weights_dtype(dtype, args.train_type),
+    weights = hardware.weights_dtype(dtype, args.train_type, resolve(args, hw) is not None)
+    if weights != dtype:
+        info(f"full fine-tuning in {dtype}: fp32 master weights, {dtype} compute by autocast "
+             "(16-bit weights would round most of AdamW's steps away)")
+    model = load_model(model_dir, weights,
                        trust_remote_code=args.trust_remote_code,
                        attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype),
                        quantization=quant)

@@ -195,14 +195,15 @@ def forwarded_fields(args) -> dict:
 def _training_arguments(args, run_dir: str, accum: int, dtype: str, hw, extra: dict):
     from transformers import TrainingArguments
 
-    from swiftlite.runtime.hardware import amp_flags
+    from swiftlite.runtime.hardware import amp_flags, weights_dtype
+    weights = weights_dtype(dtype, args.train_type, "deepspeed" in extra)
     return TrainingArguments(
         **forwarded_fields(args), output_dir=run_dir, gradient_accumulation_steps=accum,
         # transformers 5 takes a warmup ratio as a float warmup_steps in [0, 1)
         warmup_steps=extra.pop("warmup_steps", args.warmup_ratio),
         eval_steps=args.eval_steps or args.save_steps,
         gradient_checkpointing=False, remove_unused_columns=False,
-        use_cpu=hw.device == "cpu", **amp_flags(dtype, hw), **extra)
+        use_cpu=hw.device == "cpu", **amp_flags(dtype, hw, weights), **extra)
 
 
 def one_device(ta, world: int) -> None:

@@ -70,11 +70,19 @@ def test_bf16_refused_on_pre_ampere_with_what_to_do():
     assert hardware.resolve_dtype("float32", Hardware("cuda", "Tesla T4", (7, 5))) == "float32"
 
 
-def test_fp16_full_fine_tuning_keeps_fp32_master_weights():
-    # torch's GradScaler refuses to unscale fp16 gradients; LoRA adapters are fp32 in peft.
+def test_16_bit_full_fine_tuning_keeps_fp32_master_weights():
+    # torch's GradScaler refuses to unscale fp16 gradients; bf16 rounds AdamW's steps away
+    # (tests/e2e/test_full_fine_tuning.py); LoRA adapters are fp32 in peft.
     assert hardware.weights_dtype("float16", "full") == "float32"
     assert hardware.weights_dtype("float16", "lora") == "float16"
-    assert hardware.weights_dtype("bfloat16", "full") == "bfloat16"
+    assert hardware.weights_dtype("bfloat16", "full") == "float32"
+    assert hardware.weights_dtype("bfloat16", "lora") == "bfloat16"
+    # DeepSpeed keeps fp32 masters of its own under bf16
+    assert hardware.weights_dtype("bfloat16", "full", deepspeed=True) == "bfloat16"
+    # on a CPU, bf16 autocast only over fp32 masters (LoRA: fp32 activations instead)
+    cpu = Hardware("cpu", "cpu", None)
+    assert hardware.amp_flags("bfloat16", cpu, "float32") == {"bf16": True, "fp16": False}
+    assert hardware.amp_flags("bfloat16", cpu, "bfloat16") == {"bf16": False, "fp16": False}
 
 
 def test_ascend_npu(monkeypatch):

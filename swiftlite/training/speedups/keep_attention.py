@@ -43,8 +43,11 @@ class _Attention(torch.autograd.Function):
 
 def applies(module, query, dropout: float) -> bool:
     """Whether this attention call keeps or reuses its result (see the module docstring)."""
+    # Not under autocast (full fine-tuning's bf16 over fp32 masters): the kernel is called
+    # directly, past SDPA's own casting of q, k and v to one dtype.
     return (getattr(module, "_keep_attention", False) and query.device.type == "cpu"
-            and dropout == 0.0 and module.training and torch.is_grad_enabled())
+            and dropout == 0.0 and module.training and torch.is_grad_enabled()
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def attention(module, segments, scale):
