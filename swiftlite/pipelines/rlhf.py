@@ -190,9 +190,11 @@ def _run(args: RlhfArguments) -> TrainResult:
         or args.mutated_init)
     if precompute:
         from swiftlite.training.preference.reference import with_reference_logps
-        train_ds = with_reference_logps(model, train_ds, report, collator, args, hw, adapter)
+        train_ds = with_reference_logps(model, train_ds, report, collator, args, hw, adapter,
+                                        dtype)
         if val_ds is not None:
-            val_ds = with_reference_logps(model, val_ds, val_report, collator, args, hw, adapter)
+            val_ds = with_reference_logps(model, val_ds, val_report, collator, args, hw, adapter,
+                                          dtype)
 
     # 5. The Trainer, then the run folder with every resolved argument.
     from swiftlite.training.preference.trainer import preference_trainer_class

@@ -5,11 +5,14 @@ resolution at a weight are rounded away, and weights near 1 (the norms) never mo
 from __future__ import annotations
 
 import glob
+import json
+import math
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, write_jsonl
 from tests.helpers.marks import needs_bf16_units
 
 
@@ -32,3 +35,27 @@ def test_full_fine_tuning_in_bf16_moves_every_weight(tmp_path):
     assert sum(still.values()) == 0, {k: n for k, n in still.items() if n}
     assert any(k.endswith("norm.weight") for k in still)  # weights near 1 moved too
     assert "fp32 master weights, bfloat16 compute by autocast" in r.stderr + r.stdout
+
+
+@needs_bf16_units
+def test_full_fine_tuning_dpo_computes_its_reference_as_it_trains(tmp_path):
+    """DPO's reference for full fine-tuning is the starting model, computed once before
+    training: under the same bf16 autocast as the policy's steps over the fp32 masters (in
+    fp32 it would differ from the policy's first step by the precision alone, and on a GPU run
+    several times slower)."""
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a} plus {b}?"}],
+             "chosen": [{"role": "assistant", "content": f"{a} plus {b} is {a + b}."}],
+             "rejected": [{"role": "assistant", "content": "I would rather not say."}]}
+            for a in range(4) for b in range(4)]
+    pairs = write_jsonl(tmp_path / "p.jsonl", rows)
+    r = run_cli("rlhf", "--model", "tiny-qwen2", "--dataset", pairs,
+                "--rlhf_type", "dpo", "--train_type", "full", "--torch_dtype", "bfloat16",
+                "--max_steps", "1", "--logging_steps", "1", "--report_to", "none",
+                "--save_strategy", "no", "--output_dir", tmp_path / "out",
+                "--load_from_cache_file", "false",  # computed here, not found in the cache
+                env={"HF_HUB_OFFLINE": "1"})
+    log = r.stderr + r.stdout
+    assert "(the model as it starts, bfloat16 by autocast as in training)" in log
+    with open(next((tmp_path / "out").iterdir()) / "logging.jsonl") as f:
+        first = json.loads(f.readline())
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-3)  # policy = reference

@@ -122,10 +122,11 @@ def preference_trainer_class():
 
 
 def precompute_reference(model, dataset, collator: PreferenceCollator, batch_size: int,
-                         device, use_adapters: bool):
+                         device, use_adapters: bool, autocast=None):
     """The reference log-probs of every pair of `dataset` (chosen, rejected), computed once in
     eval mode: with the adapters switched off, or on (`use_adapters`: a run that continues an
-    SFT adapter, whose reference is that adapter as it starts)."""
+    SFT adapter, whose reference is that adapter as it starts). `autocast`: the dtype the
+    Trainer autocasts to, or None."""
     from torch.utils.data import DataLoader
     rows = dataset.remove_columns([c for c in ("length",) if c in dataset.column_names])
     loader = DataLoader(rows, batch_size=batch_size, collate_fn=collator, shuffle=False)
@@ -136,7 +137,8 @@ def precompute_reference(model, dataset, collator: PreferenceCollator, batch_siz
         for batch in loader:
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             with torch.no_grad(), (contextlib.nullcontext() if use_adapters
-                                   else reference_model(model)):
+                                   else reference_model(model)), torch.autocast(
+                    torch.device(device).type, autocast, enabled=autocast is not None):
                 sums = sequence_logps(model, batch, batch["num_sequences"])[0].float().cpu()
             half = batch["num_sequences"] // 2
             chosen += sums[:half].tolist()
