@@ -24,7 +24,8 @@ class ModelArguments:
                                           "reasoning; default: the template's (thinking), and "
                                           "for a checkpoint the setting it was trained with",
                                           group="model")
-    torch_dtype: str = arg("auto", "weights dtype; auto: bf16 on Ampere+ GPUs and Ascend, fp16 "
+    torch_dtype: str = arg("auto", "compute and weights dtype (full fine-tuning keeps fp32 master "
+                           "weights under 16 bits); auto: bf16 on Ampere+ GPUs and Ascend, fp16 "
                            "on T4/V100; on CPU fp32, but LoRA training on AMX/AVX-512-BF16 CPUs gets a "
                            "bf16 base with fp32 activations (faster: docs/performance.md)",
                            choices=("auto", "bfloat16", "float16", "float32"), group="model")

@@ -9,12 +9,12 @@ one fails) leaves the file for good, and every later run that needs the extensio
 forever at its start, printing nothing.
 
 A live builder holds the lock file open from creating it to removing it (torch's FileBaton
-keeps the descriptor of its O_EXCL create), so on a local filesystem a lock that no process
-has open was left by a build that will never finish. On a filesystem that other machines may
-share (NFS, Lustre, a FUSE mount: anything not known to be local) the builder may be a rank
-on another node, invisible here: such a lock is waited for until it is gone or older than
-any build takes (SHARED_STALE_S), and only then taken as stale. `clear_stale` removes the
-stale locks and says which. Linux only (it reads /proc); elsewhere it does nothing.
+keeps the descriptor of its O_EXCL create), so a lock that no process of this machine has open,
+on a local filesystem and created by this user, was left by a build that will never finish:
+`clear_stale` removes it and says so. Where the builder could be invisible here (a filesystem
+that other machines may share: NFS, Lustre, FUSE, anything not known to be local; or another
+user's lock) it removes nothing and says which file the run will wait for and when to delete
+it. Only the ops swiftlite's runs build are looked at. Linux only (it reads /proc).
 """
 from __future__ import annotations
 
@@ -23,20 +23,24 @@ import os
 import re
 import time
 
-from swiftlite.log import info, warn
+from swiftlite.log import warn
 
+# What DeepSpeed compiles for swiftlite's runs: CPU Adam (ZeRO offload) and, on a CPU, the
+# shared-memory all-reduce.
+DEEPSPEED_OPS = ("cpu_adam", "deepspeed_shm_comm")
 LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs",
                      "ramfs", "bcachefs"}
-# DeepSpeed's CPU ops build in about a minute on 2 cores; ten leaves room for a loaded node.
-SHARED_STALE_S = 600.0
 
 
 def extensions_root() -> str:
-    """Where torch builds its extensions: each in $TORCH_EXTENSIONS_DIR/NAME when that is set,
-    else in $XDG_CACHE_HOME (~/.cache)/torch_extensions/pyXY_ACCELERATOR/NAME (torch's
-    cpp_extension._get_build_directory; read here without importing torch)."""
-    return os.path.realpath(os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch_extensions"))
+    """Where torch builds its extensions: each in $TORCH_EXTENSIONS_DIR/NAME when that is set
+    (even empty), else in $XDG_CACHE_HOME (~/.cache)/torch_extensions/pyXY_ACCELERATOR/NAME
+    (torch's cpp_extension._get_build_directory; read here without importing torch)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        root = os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")),
+                            "torch_extensions")
+    return os.path.realpath(root)
 
 
 def filesystem(path: str) -> str:
@@ -57,8 +61,8 @@ def filesystem(path: str) -> str:
 
 
 def _held(paths: set[str]) -> set[str]:
-    """Which of `paths` some process on this machine has open, among the processes this one
-    may inspect (another user's are hidden from it, and do not build in this user's cache)."""
+    """Which of `paths` some process of this machine has open, among those this one may
+    inspect (the caller leaves other users' locks alone)."""
     held = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -75,54 +79,56 @@ def _held(paths: set[str]) -> set[str]:
     return held
 
 
-def _age(path: str) -> float | None:
+def _why_kept(path: str) -> str | None:
+    """Why a lock that no process here holds may still be live (None: it is not)."""
     try:
-        return time.time() - os.stat(path).st_mtime
+        owner = os.stat(path).st_uid
     except FileNotFoundError:
         return None
+    if owner != os.getuid():
+        return f"it belongs to user id {owner}, whose builds this process cannot see"
+    kind = filesystem(path)
+    if kind not in LOCAL_FILESYSTEMS:
+        return (f"it is on a {kind or 'unknown'} filesystem that other machines may share, "
+                "whose builds this machine cannot see")
+    return None
 
 
-def _await_shared(path: str, kind: str, stale_s: float) -> bool:
-    """Wait while an unheld lock on a shared filesystem is young: True when it is stale."""
-    age = _age(path)
-    if age is not None and age < stale_s:
-        info(f"waiting for {path}: a build of {os.path.basename(os.path.dirname(path))!r} "
-             f"began {age:.0f} s ago on this {kind} filesystem, by no process of this machine "
-             f"(another node's, or a killed one); it counts as stale at {stale_s / 60:.0f} min")
-    while age is not None and age < stale_s:
-        time.sleep(min(2.0, stale_s - age))
-        age = _age(path)
-    return age is not None
-
-
-def clear_stale(root: str | None = None, settle_s: float = 0.5,
-                shared_stale_s: float = SHARED_STALE_S) -> list[str]:
-    """Remove the extension build locks under `root` (default: extensions_root()) that no
-    process holds open; returns their paths. A lock is looked at twice, `settle_s` apart:
-    a builder closes its descriptor a moment before it removes the file itself."""
+def clear_stale(root: str | None = None, names: tuple[str, ...] = DEEPSPEED_OPS,
+                settle_s: float = 0.5) -> list[str]:
+    """Remove the build locks of the extensions `names` under `root` (default:
+    extensions_root()) that no process holds open; returns their paths. A lock is looked at
+    three times, `settle_s` apart: a builder closes its descriptor a moment before it removes
+    the file itself."""
     if not os.path.isdir("/proc/self/fd"):
         return []
     root = root or extensions_root()
-    locks = {os.path.realpath(p) for depth in ("*", "*/*")
-             for p in glob.glob(os.path.join(root, depth, "lock"))}
-    if not locks:
-        return []
-    unheld = locks - _held(locks)
-    if unheld:
-        time.sleep(settle_s)
-        unheld = {p for p in unheld if os.path.exists(p)} - _held(unheld)
+    locks = {os.path.realpath(p) for name in names for depth in ("", "*")
+             for p in glob.glob(os.path.join(root, depth, name, "lock"))}
+    for look in range(3):
+        if look:
+            time.sleep(settle_s)
+        locks = {p for p in locks if os.path.exists(p)} - _held(locks)
+        if not locks:
+            return []
     removed = []
-    for path in sorted(unheld):
-        kind = filesystem(path)
-        if kind not in LOCAL_FILESYSTEMS and not _await_shared(path, kind or "unknown",
-                                                               shared_stale_s):
-            continue  # its builder on another node finished
+    for path in sorted(locks):
+        name = os.path.basename(os.path.dirname(path))
+        why = _why_kept(path)
+        if why:
+            warn(f"the build of the C++ extension {name!r} is locked by {path}, which no process "
+                 f"of this machine holds, but {why}: this run waits for it. If no build of "
+                 f"{name!r} is running anywhere, delete that file.")
+            continue
         try:
             os.remove(path)
         except FileNotFoundError:  # another rank cleared it first
             continue
+        except OSError as e:
+            warn(f"{path} is a build lock left by a killed build of {name!r}, and it could not "
+                 f"be removed ({e.strerror}): this run waits for it. Delete that file.")
+            continue
         removed.append(path)
-        warn(f"removed {path}: a build of the C++ extension "
-             f"{os.path.basename(os.path.dirname(path))!r} was killed before it finished and "
-             "left its lock, and no process holds it, so the build will run again")
+        warn(f"removed {path}: a build of the C++ extension {name!r} was killed before it "
+             "finished and left its lock, and no process holds it, so the build will run again")
     return removed

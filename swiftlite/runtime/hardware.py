@@ -167,6 +167,12 @@ def training_dtype(requested: str | None, hw: Hardware, train_type: str = "lora"
     if requested in (None, "auto") and hw.device == "cpu":
         bf16 = hw.cpu_bf16 and train_type == "lora" and not deepspeed and not quantized
         return "bfloat16" if bf16 else CPU_DTYPE
+    if hw.device == "cpu" and deepspeed and train_type == "full" and dtype != CPU_DTYPE:
+        from swiftlite.log import warn
+        warn(f"full fine-tuning with --deepspeed on a CPU trains in {CPU_DTYPE}, not {dtype}: "
+             "DeepSpeed's 16-bit mode is off on a CPU, and 16-bit weights without fp32 "
+             "masters would round most of AdamW's steps away")
+        return CPU_DTYPE
     return dtype
 
 

@@ -78,9 +78,13 @@ def ladder(args, world_size: int = 1, hw=None) -> list[tuple[str, str]]:
     if dtype == "float32" and (hw is None or hw.device != "cpu"):
         from swiftlite.runtime.hardware import default_dtype
         half = default_dtype(hw) if hw is not None and hw.device != "cpu" else "bfloat16"
-        steps.append((f"--torch_dtype {half}", "16-bit weights and activations: half the "
-                      "memory of float32" + ("" if half == "bfloat16" else
-                                             " (fp16: loss-scaled)")))
+        # full fine-tuning without DeepSpeed keeps fp32 master weights in 16 bits
+        # (hardware.weights_dtype): only the activations shrink
+        what = ("16-bit activations over fp32 master weights" if args.train_type == "full"
+                and setup is None else "16-bit weights and activations: half the memory of "
+                "float32")
+        steps.append((f"--torch_dtype {half}", what + ("" if half == "bfloat16" else
+                                                       " (fp16: loss-scaled)")))
     if args.train_type == "full":
         steps.append(("--train_type lora", "train adapters only: no gradients or optimizer "
                       "states for the base weights"))

@@ -93,8 +93,7 @@ def load_for_training(args, model_dir: str, hw, dtype: str, adapter: str | None 
             if args.quant_bits == 4 else ", LLM.int8") + f"), computing in {dtype}")
     weights = hardware.weights_dtype(dtype, args.train_type, resolve(args, hw) is not None)
     if weights != dtype:
-        info(f"full fine-tuning in {dtype}: fp32 master weights, {dtype} compute by autocast "
-             "(16-bit weights would round most of AdamW's steps away)")
+        info(f"full fine-tuning in {dtype}: fp32 master weights, {dtype} compute by autocast")
     model = load_model(model_dir, weights,
                        trust_remote_code=args.trust_remote_code,
                        attn_impl=args.attn_impl or hardware.attn_implementation(hw, dtype),

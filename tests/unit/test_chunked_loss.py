@@ -136,3 +136,22 @@ def test_a_trained_fp32_head_multiplies_in_the_activations_16_bits(monkeypatch):
             assert seen and set(seen) == {(mm, mm)}, (h_dtype, w_dtype, seen)
             assert weight.grad.dtype == w_dtype and hidden.grad.dtype == h_dtype
             weight.grad = hidden.grad = None
+
+
+def test_the_head_runs_in_the_forwards_autocast_over_fp32_weights(tiny_qwen2):
+    """Full fine-tuning in bf16 keeps fp32 master weights and autocasts the forward
+    (accelerate wraps the model's forward only); the chunked loss's head runs after it, and
+    takes the hidden states in the autocast's dtype, as autocast hands them to the model's own
+    head: a bf16 product, not an fp32 one over fp32 hidden states and weights."""
+    from swiftlite.models.loader import load_model
+    from swiftlite.training.speedups.chunked_loss import decoder_output, matmul_dtype
+    from swiftlite.training.trainer import collator
+    tok, samples = _samples(tiny_qwen2)
+    model = load_model(tiny_qwen2, "float32")
+    batch = collator(tok, True)([dict(s) for s in samples])
+    batch.pop("labels")
+    weight = model.get_output_embeddings().weight
+    with torch.autocast("cpu", torch.bfloat16):
+        hidden = decoder_output(model, batch)
+    assert matmul_dtype(hidden, weight) == torch.bfloat16
+    assert matmul_dtype(decoder_output(model, batch), weight) == torch.float32  # no autocast

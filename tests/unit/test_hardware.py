@@ -85,6 +85,16 @@ def test_16_bit_full_fine_tuning_keeps_fp32_master_weights():
     assert hardware.amp_flags("bfloat16", cpu, "bfloat16") == {"bf16": False, "fp16": False}
 
 
+def test_full_fine_tuning_with_deepspeed_on_a_cpu_trains_fp32(capfd):
+    """swiftlite's DeepSpeed configs keep bf16 off on a CPU (no fp32 masters from DeepSpeed
+    there), and ZeRO-0 would step bf16 weights: an explicit bf16 falls back to fp32, said."""
+    cpu = Hardware("cpu", "cpu", None, cpu_bf16=True)
+    assert hardware.training_dtype("bfloat16", cpu, "full", "zero0") == "float32"
+    assert "full fine-tuning with --deepspeed on a CPU trains in float32" in capfd.readouterr().err
+    assert hardware.training_dtype("bfloat16", cpu, "full") == "bfloat16"  # autocast, masters
+    assert hardware.training_dtype("bfloat16", cpu, "lora", "zero2") == "bfloat16"
+
+
 def test_ascend_npu(monkeypatch):
     import torch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -205,3 +205,23 @@ def test_kto_equals_trl(loss_type):
         for what in ("rewards", "logps"):
             ours = metrics[f"{what}/{kind}_sum"].item() / count
             assert ours == pytest.approx(their_metrics[f"{what}/{kind}"], rel=1e-5, abs=1e-6)
+
+
+def test_the_reference_is_computed_under_the_trainers_autocast():
+    """Full fine-tuning over fp32 masters autocasts to the run's 16 bits, so its reference
+    does too; under DeepSpeed accelerate autocasts nothing (DeepSpeed casts the model), and on
+    a CPU a LoRA run's bf16 base computes without autocast. (A GPU is described, not used.)"""
+    import types
+
+    from swiftlite.runtime.hardware import Hardware
+    from swiftlite.training.preference.reference import _trainer_autocast
+    fp32 = torch.nn.Linear(2, 2)
+    bf16 = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    gpu, cpu = Hardware("cuda", "A100", (8, 0)), Hardware("cpu", "cpu", None, cpu_bf16=True)
+    plain, ds = types.SimpleNamespace(deepspeed=None), types.SimpleNamespace(deepspeed="zero2")
+    assert _trainer_autocast(fp32, plain, "bfloat16", gpu) == torch.bfloat16
+    assert _trainer_autocast(fp32, plain, "float16", gpu) == torch.float16
+    assert _trainer_autocast(fp32, plain, "bfloat16", cpu) == torch.bfloat16
+    assert _trainer_autocast(bf16, ds, "bfloat16", gpu) is None
+    assert _trainer_autocast(bf16, plain, "bfloat16", cpu) is None
+    assert _trainer_autocast(fp32, plain, "float32", gpu) is None

@@ -27,13 +27,17 @@ def _weights_fingerprint(folder: str) -> list:
     return out
 
 
-def _trainer_autocast(model, dtype: str, hw):
+def _trainer_autocast(model, args, dtype: str, hw):
     """The dtype the Trainer will autocast to (None: none), so that the reference is computed
     as the policy's first step will be: full fine-tuning keeps fp32 master weights and
-    computes in 16 bits by autocast (runtime/hardware.py: weights_dtype)."""
+    computes in 16 bits by autocast (runtime/hardware.py: weights_dtype). Under DeepSpeed
+    accelerate autocasts nothing (DeepSpeed's own 16-bit mode casts the model)."""
     import torch
 
     from swiftlite.runtime.hardware import amp_flags
+    from swiftlite.training.deepspeed import resolve
+    if resolve(args, hw) is not None:
+        return None
     weights = next(p.dtype for p in model.parameters() if p.is_floating_point())
     flags = amp_flags(dtype, hw, str(weights).removeprefix("torch."))
     return torch.bfloat16 if flags["bf16"] else torch.float16 if flags["fp16"] else None
@@ -60,7 +64,7 @@ def with_reference_logps(model, dataset, report, collator, args, hw, adapter: st
     import torch
 
     from swiftlite.training.preference.trainer import precompute_reference
-    amp = _trainer_autocast(model, dtype, hw)
+    amp = _trainer_autocast(model, args, dtype, hw)
     key = _key(report, args, adapter, amp)
     path = os.path.join(report.cache_path, f"ref_logps-{key}.pt") if key else None
     if path and os.path.exists(path):

@@ -122,12 +122,18 @@ def why_unsupported(model) -> str | None:
 
 def decoder_output(model, inputs: dict) -> torch.Tensor:
     """The decoder's last hidden states of `model` on `inputs` (no labels): the model runs as
-    usual, through its wrappers, with its LM head projecting no position."""
+    usual, through its wrappers, with its LM head projecting no position. Under an autocast
+    that is on during the forward (accelerate's, around the model's forward only) they come
+    in its dtype, as autocast would hand them to the head: the head runs after the forward,
+    and fp32 hidden states over fp32 master weights (full fine-tuning) would multiply in fp32."""
     lm = unwrap(model)
     captured = {}
 
     def grab(_module, _args, output):
-        captured["h"] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        h = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        if torch.is_autocast_enabled(h.device.type):
+            h = h.to(torch.get_autocast_dtype(h.device.type))
+        captured["h"] = h
 
     handle = lm.get_decoder().register_forward_hook(grab)
     try:
