@@ -46,10 +46,12 @@ class TrainArguments:
     seed: int = arg(42, "random seed", group="train")
     gradient_checkpointing: bool = arg(True, "recompute activations in backward to save "
                                        "memory", group="train")
-    selective_checkpointing: bool = arg(False, "LoRA with --gradient_checkpointing: keep the "
-                                        "outputs of frozen matmuls instead of recomputing them "
-                                        "(faster for a little memory per token: "
-                                        "docs/performance.md)", group="train")
+    selective_checkpointing: Optional[bool] = arg(
+        None, "LoRA with --gradient_checkpointing: keep the outputs of frozen matmuls instead of "
+        "recomputing them (faster for memory per token: docs/performance.md); true: in every "
+        "layer, false: none; default: on a CPU with --fused_lora, in as many layers as fit in "
+        "half the frozen weights' memory (at most a tenth of the memory available), elsewhere "
+        "none", group="train")
     keep_attention: bool = arg(True, "on a CPU with --gradient_checkpointing and "
                                "--padding_free: keep each layer's attention output from the "
                                "forward pass for the recompute instead of running attention "

@@ -203,3 +203,82 @@ def test_selective_checkpointing_says_full_fine_tuning_has_nothing_to_keep(tiny_
         assert ("context_fn" in layer._gradient_checkpointing_func.keywords) == policy
         err = capsys.readouterr().err
         assert ("nothing to keep, so plain gradient checkpointing" in err) == (not policy), err
+
+
+def _budget(model):
+    """The memory budget the fused layers of `model` keep their frozen outputs within."""
+    return next(m._keep[0].budget for m in model.modules() if getattr(m, "_keep", None))
+
+
+def _layer_bytes_per_token(model):
+    """Bytes one decoder layer keeps per token (its frozen outputs but down_proj's)."""
+    return next(m._keep[0].bytes_per_token for m in model.modules() if getattr(m, "_keep", None))
+
+
+def test_selective_checkpointing_within_a_budget_keeps_the_layers_that_fit(tiny_qwen2):
+    """The default on a CPU: decoder layers keep their frozen outputs in forward order while
+    they fit in the budget, the others recompute theirs: a budget of one layer at this batch's
+    length recomputes one layer's matmuls, a batch twice as long none kept, a shorter one all
+    kept; loss and gradients equal plain checkpointing's each time (dropout 0.3, replayed)."""
+    _, samples, batch = _batch(tiny_qwen2)
+    from swiftlite.training.trainer import collator
+    tok = _batch(tiny_qwen2)[0]
+    longer = collator(tok, True)([dict(s) for s in samples + samples])
+    shorter = collator(tok, True)([dict(samples[0])])
+    plain = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=False)
+    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=None)
+    tokens = batch["input_ids"].numel()
+    _budget(model).limit = int(1.5 * _layer_bytes_per_token(model) * tokens)
+    for b, kept_layers in ((batch, 1), (longer, 0), (shorter, LAYERS), (batch, 1)):
+        loss, grads, fwd, bwd = _loss_grads_matmuls(plain, b)
+        plain.zero_grad()
+        loss_b, grads_b, fwd_b, bwd_b = _loss_grads_matmuls(model, b)
+        model.zero_grad()
+        assert loss_b == pytest.approx(loss, rel=1e-6)
+        _assert_close_grads(grads, grads_b)
+        assert fwd == fwd_b == 7 * LAYERS + 1
+        assert bwd == fwd + 6 * LAYERS  # plain: every layer's matmuls but down_proj again
+        assert bwd_b == bwd - 6 * kept_layers, (b["input_ids"].numel(), kept_layers)
+        assert all(getattr(m, "_kept", None) is None for m in model.modules())
+
+
+def test_an_output_kept_in_a_forward_without_backward_never_reaches_a_later_recompute(
+        tiny_qwen2):
+    """A forward that kept frozen outputs but was never back-propagated (an exception, a
+    discarded loss) leaves them behind; a later forward of a layer that does not keep (the
+    budget spent) must recompute, not take those: its gradients equal plain checkpointing's."""
+    batch = _batch(tiny_qwen2)[2]
+    plain = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=False)
+    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=None)
+    _budget(model).limit = None  # every layer keeps
+    torch.manual_seed(5)
+    model(**batch).loss  # kept, never back-propagated
+    _budget(model).limit = 0  # now no layer keeps
+    loss, grads, _, _ = _loss_grads_matmuls(plain, batch, seed=2)
+    loss_b, grads_b, _, _ = _loss_grads_matmuls(model, batch, seed=2)
+    assert loss_b == pytest.approx(loss, rel=1e-6)
+    _assert_close_grads(grads, grads_b)
+
+
+def test_selective_checkpointing_default_budget_and_choices(tiny_qwen2, capsys):
+    """Not given: on a CPU with fused LoRA layers, a budget of half the frozen weights' bytes
+    (at most a tenth of the memory available), said in the log; true: every layer; false, a
+    GPU or peft's layers: none (torch's policy only when asked for)."""
+    import psutil
+
+    from swiftlite.models.loader import load_model
+    from swiftlite.training import speedups
+    base = load_model(tiny_qwen2, "float32")
+    weights = sum(p.numel() * p.element_size() for p in base.parameters())
+    for asked, device, fused, selective, budget in (
+            (None, "cpu", True, True, min(weights // 2, psutil.virtual_memory().available // 10)),
+            (True, "cpu", True, True, None), (False, "cpu", True, False, None),
+            (None, "cuda", True, False, None), (None, "cpu", False, False, None)):
+        args = SftArguments(model="x", dataset=["x"], selective_checkpointing=asked,
+                            fused_lora=fused)
+        p = speedups.plan(base, args, device)
+        assert p.selective_checkpointing == selective, (asked, device, fused)
+        # the memory available moves a little between the two reads
+        assert p.keep_budget == (budget and pytest.approx(budget, rel=0.05)), asked
+    _lora_model(tiny_qwen2, selective_checkpointing=None)
+    assert "frozen matmul outputs kept in the layers that fit in" in capsys.readouterr().err

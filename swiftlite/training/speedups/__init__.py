@@ -19,6 +19,7 @@ TrainArguments, a line in Plan and in apply, and a test of equal per-step loss o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from swiftlite.log import info, warn
 from swiftlite.runtime.hardware import cpu_flags
@@ -35,6 +36,7 @@ class Plan:
     reentrant_checkpointing: bool = False
     keep_attention: bool = False
     onednn_fp32: bool = False
+    keep_budget: Optional[int] = None  # bytes of frozen outputs a forward keeps; None: all
 
 
 # DeepSpeed's fix (#8148) for ZeRO-3 under non-reentrant checkpointing: before it, frozen
@@ -56,7 +58,7 @@ def plan(model, args, device: str) -> Plan:
         info(f"--fused_lora steps aside for --{' and --'.join(variants)} (its function has no "
              "DoRA magnitude and no bias on lora_B): peft's LoRA layers")
         fused = False
-    selective = args.gradient_checkpointing and args.selective_checkpointing
+    selective = bool(args.gradient_checkpointing and args.selective_checkpointing)
     if selective and reentrant:
         warn("--selective_checkpointing needs non-reentrant checkpointing, which this "
              "DeepSpeed cannot run under ZeRO-3: plain gradient checkpointing.")
@@ -77,6 +79,9 @@ def plan(model, args, device: str) -> Plan:
                  "aside (it works on plain linear layers); padding_free, chunked_loss and "
                  "fast_dropout stay on")
         fused = selective = fp32_act = False
+    budget = None
+    if args.selective_checkpointing is None and fused and args.gradient_checkpointing:
+        selective, budget = True, keep_budget(model)
     bf16_lora = fused and fp32_act and args.bf16_lora_matmuls
     if bf16_lora and "amx_bf16" in cpu_flags():
         # Measured on AVX-512-BF16 only: on AMX its 12-step loss drifted 4.5x further from an
@@ -88,7 +93,8 @@ def plan(model, args, device: str) -> Plan:
     packed = args.padding_free and not args.attn_impl
     return Plan(
         packed_attention=packed,
-        selective_checkpointing=selective, fast_dropout=lora and args.fast_dropout,
+        selective_checkpointing=selective, keep_budget=budget,
+        fast_dropout=lora and args.fast_dropout,
         fused_lora=fused, fp32_activations=fp32_act,
         bf16_lora_matmuls=bf16_lora,
         reentrant_checkpointing=reentrant,
@@ -96,6 +102,16 @@ def plan(model, args, device: str) -> Plan:
         keep_attention=(packed and args.keep_attention and args.gradient_checkpointing
                         and device == "cpu"),
         onednn_fp32=args.onednn_fp32 and device == "cpu" and str(first.dtype) == "torch.float32")
+
+
+def keep_budget(model) -> int:
+    """Bytes of frozen matmul outputs one forward keeps when --selective_checkpointing is not
+    given (fused LoRA layers): half the frozen weights' memory, so the run stays lean
+    (docs/performance.md has what it costs and buys), and at most a tenth of the memory
+    available now."""
+    import psutil
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return min(weights // 2, psutil.virtual_memory().available // 10)
 
 
 def _zero3_needs_reentrant(zero3: bool) -> bool:
@@ -144,7 +160,11 @@ def apply(model, p: Plan) -> list[str]:
             if p.bf16_lora_matmuls:
                 done.append("bf16_lora_matmuls")
         if p.selective_checkpointing:
-            keep_frozen_outputs(model)
+            keep_frozen_outputs(model, p.keep_budget)
+            if p.keep_budget is not None:
+                info(f"selective checkpointing: frozen matmul outputs kept in the layers that "
+                     f"fit in {p.keep_budget / 2**20:,.0f} MB a step, the rest recomputed "
+                     "(--selective_checkpointing true: every layer, false: none)")
     if p.selective_checkpointing:
         done.append("selective_checkpointing")
     if p.onednn_fp32:

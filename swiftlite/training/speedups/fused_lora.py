@@ -20,7 +20,8 @@ saved tensor is back, before that final matmul, which peft's order makes it redo
 of the 7 frozen matmuls of a layer, about a quarter of its FLOPs. With --selective_checkpointing
 the other base outputs are kept from the forward pass (bf16 on a bf16 base) and handed to the
 recompute instead of multiplying again: no frozen matmul is recomputed, for memory of one
-output per frozen matmul and token (keep_frozen_outputs below).
+output per frozen matmul and token (keep_frozen_outputs below); by default only as many
+decoder layers keep theirs as fit in a memory budget, the others recompute.
 
 The numbers equal peft's to float rounding (same dropout masks: the mask is drawn from the same
 generator at the same point); tests/unit/test_fused_lora.py checks loss and gradients. Anything the
@@ -177,7 +178,7 @@ def _fused_forward(self, x, *args, **kwargs):
         # nothing, so checkpointing's recompute stops before it (see above).
         lora, _ = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype, None)
         return _FrozenLinear.apply(x, base.weight, base.bias) + lora
-    keep, kept = _kept_output(self)
+    keep, kept = _kept_output(self, x)
     out, frozen = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype,
                                     (base.weight, base.bias, kept, keep))
     if keep:
@@ -185,16 +186,46 @@ def _fused_forward(self, x, *args, **kwargs):
     return out
 
 
-def _kept_output(layer):
+def _kept_output(layer, x):
     """(keep, kept) for --selective_checkpointing: whether to keep this call's frozen matmul
     output for the recompute, and the output kept for this call (None: multiply)."""
-    if not (layer._keep_output and torch.is_grad_enabled()):
+    if layer._keep is None or not torch.is_grad_enabled():
         return False, None
     # Checkpointing recomputes a layer from inside backward, where a graph task is running.
     if torch._C._current_graph_task_id() != -1:
         kept, layer._kept = layer._kept, None
         return False, kept
-    return True, None
+    block, first = layer._keep
+    if first:  # the decoder layer's first LoRA layer decides for all of its layers
+        block.keeps = block.budget.claim(block.index, block.bytes_per_token * x[..., 0].numel())
+    if not block.keeps:
+        layer._kept = None  # nothing from an earlier forward may reach this one's recompute
+    return block.keeps, None
+
+
+class _Budget:
+    """Bytes of frozen outputs one forward may keep (None: no limit). Decoder layers claim their
+    share in forward order, the first from a full budget, until one does not fit."""
+
+    def __init__(self, limit: int | None):
+        self.limit, self.left = limit, limit
+
+    def claim(self, index: int, nbytes: int) -> bool:
+        if self.limit is None:
+            return True
+        if index == 0:
+            self.left = self.limit
+        fits = nbytes <= self.left
+        self.left = self.left - nbytes if fits else 0
+        return fits
+
+
+class _BlockKeep:
+    """One decoder layer's share of a _Budget and this forward's decision."""
+
+    def __init__(self, budget: _Budget, index: int, bytes_per_token: int):
+        self.budget, self.index, self.bytes_per_token = budget, index, bytes_per_token
+        self.keeps = False
 
 
 def use_fused_lora(model, bf16_matmuls: bool = False) -> int:
@@ -208,7 +239,7 @@ def use_fused_lora(model, bf16_matmuls: bool = False) -> int:
         if type(module) is Linear and "_peft_forward" not in vars(module):
             module._peft_forward = module.forward
             module.forward = types.MethodType(_fused_forward, module)
-            module._keep_output, module._kept, module._base_last = False, None, False
+            module._keep, module._kept, module._base_last = None, None, False
             module._mm_dtype = (torch.bfloat16 if bf16_matmuls
                                 and module.base_layer.weight.dtype == torch.bfloat16 else None)
             n += 1
@@ -229,13 +260,19 @@ def _checkpointed_layers(model):
                 yield fused
 
 
-def keep_frozen_outputs(model) -> int:
+def keep_frozen_outputs(model, budget: int | None = None) -> int:
     """--selective_checkpointing with fused LoRA layers: each checkpointed decoder layer keeps
     its base outputs from the forward pass for the recompute, except the layer's last one
-    (down_proj), which the recompute never reaches. Returns how many layers keep theirs."""
-    n = 0
-    for fused in _checkpointed_layers(model):
-        for m in fused[:-1]:
-            m._keep_output = True
+    (down_proj), which the recompute never reaches. `budget`: bytes those outputs may take in
+    one forward (None: no limit); decoder layers keep theirs in forward order while they fit
+    (a long batch fewer layers, a short one more), the rest recompute theirs. The numbers are
+    the same either way. Returns how many LoRA layers may keep theirs."""
+    shared, n = _Budget(budget), 0
+    for index, fused in enumerate(_checkpointed_layers(model)):
+        kept = fused[:-1]
+        block = _BlockKeep(shared, index, sum(m.base_layer.out_features
+                                              * m.base_layer.weight.element_size() for m in kept))
+        for m in kept:
+            m._keep = (block, m is kept[0])
             n += 1
     return n

@@ -1,5 +1,5 @@
-"""Selective gradient checkpointing (`--selective_checkpointing`, off by default), by torch's
-policy mechanism. Fused LoRA layers (fused_lora.py, the default) keep their frozen outputs
+"""Selective gradient checkpointing (`--selective_checkpointing`; here only when asked for), by
+torch's policy mechanism. Fused LoRA layers (fused_lora.py, the default) keep their frozen outputs
 themselves, without this mechanism's cost of a Python dispatch hook on every op (figures in
 docs/performance.md); this is for LoRA elsewhere: GPUs, ZeRO-3,
 --fused_lora false. Full fine-tuning has no frozen matmuls, so prepare_model says so and keeps
@@ -13,7 +13,7 @@ the cheap one to avoid: this policy keeps the outputs of matmuls whose weight is
 attention, activations, dropout with its replayed masks, the small LoRA matmuls). The numbers
 are the same as plain checkpointing; the price is memory: 7 matmul outputs per layer and token
 (SmolLM2-135M: 5,184 values, about 0.6 MB per token over 30 layers in fp32, half in bf16),
-which is why it is opt-in.
+which is why it is opt-in here.
 """
 from __future__ import annotations
 
