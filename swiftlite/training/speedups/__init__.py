@@ -163,7 +163,7 @@ def apply(model, p: Plan) -> list[str]:
             keep_frozen_outputs(model, p.keep_budget)
             if p.keep_budget is not None:
                 info(f"selective checkpointing: frozen matmul outputs kept in the layers that "
-                     f"fit in {p.keep_budget / 2**20:,.0f} MB a step, the rest recomputed "
+                     f"fit in {p.keep_budget / 2**20:,.0f} MB a forward, the rest recomputed "
                      "(--selective_checkpointing true: every layer, false: none)")
     if p.selective_checkpointing:
         done.append("selective_checkpointing")
