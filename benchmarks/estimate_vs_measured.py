@@ -68,8 +68,9 @@ def child(model: str, train_type: str, ckpt: bool, max_length: int, batch: int, 
     swiftlite.sft(model=model, dataset=[data], train_type=train_type, max_length=max_length,
                   truncation_strategy="right", per_device_train_batch_size=batch,
                   gradient_accumulation_steps=1, max_steps=steps, gradient_checkpointing=ckpt,
-                  torch_dtype=dtype, logging_steps=1, save_steps=10_000, output_dir=out,
-                  report_to="none", load_from_cache_file=False)
+                  # the estimate is a GPU's, where no frozen output is kept unless asked for
+                  selective_checkpointing=False, torch_dtype=dtype, logging_steps=1,
+                  save_steps=10_000, output_dir=out, report_to="none", load_from_cache_file=False)
     from swiftlite.runtime.allocator import peak_rss_bytes
     peak = peak_rss_bytes()
     # Training memory as a device would hold it: the weights, plus everything training added

@@ -36,7 +36,10 @@ class EstimateArguments:
     batch_size: int = arg(1, "per-device batch size (sft's --per_device_train_batch_size)",
                           group="train")
     chunked_loss: bool = same_as(TrainArguments, "chunked_loss")
-    selective_checkpointing: Optional[bool] = same_as(TrainArguments, "selective_checkpointing")
+    selective_checkpointing: Optional[bool] = same_as(
+        TrainArguments, "selective_checkpointing", help="LoRA with gradient checkpointing: count "
+        "the outputs of frozen matmuls kept instead of recomputed in every layer (on GPUs, "
+        "where swiftlite keeps none unless asked)")
     quant_bits: Optional[int] = same_as(ModelArguments, "quant_bits", group="tuner")
     bnb_4bit_use_double_quant: bool = same_as(ModelArguments, "bnb_4bit_use_double_quant",
                                               group="tuner")

@@ -210,6 +210,12 @@ def _budget(model):
     return next(m._keep[0].budget for m in model.modules() if getattr(m, "_keep", None))
 
 
+def _decisions(model):
+    """Whether each decoder layer kept its frozen outputs in the last forward, in order."""
+    blocks = {m._keep[0].index: m._keep[0] for m in model.modules() if getattr(m, "_keep", None)}
+    return [blocks[i].keeps for i in sorted(blocks)]
+
+
 def _layer_bytes_per_token(model):
     """Bytes one decoder layer keeps per token (its frozen outputs but down_proj's)."""
     return next(m._keep[0].bytes_per_token for m in model.modules() if getattr(m, "_keep", None))
@@ -240,6 +246,8 @@ def test_selective_checkpointing_within_a_budget_keeps_the_layers_that_fit(tiny_
         assert bwd == fwd + 6 * LAYERS  # plain: every layer's matmuls but down_proj again
         assert bwd_b == bwd - 6 * kept_layers, (b["input_ids"].numel(), kept_layers)
         assert all(getattr(m, "_kept", None) is None for m in model.modules())
+        # in forward order: the first layers keep theirs
+        assert _decisions(model) == [i < kept_layers for i in range(LAYERS)]
 
 
 def test_an_output_kept_in_a_forward_without_backward_never_reaches_a_later_recompute(
@@ -273,12 +281,50 @@ def test_selective_checkpointing_default_budget_and_choices(tiny_qwen2, capsys):
     for asked, device, fused, selective, budget in (
             (None, "cpu", True, True, min(weights // 2, psutil.virtual_memory().available // 10)),
             (True, "cpu", True, True, None), (False, "cpu", True, False, None),
-            (None, "cuda", True, False, None), (None, "cpu", False, False, None)):
-        args = SftArguments(model="x", dataset=["x"], selective_checkpointing=asked,
-                            fused_lora=fused)
+            (None, "cuda", True, False, None), (None, "cpu", False, False, None),
+            ("no checkpointing", "cpu", True, False, None)):
+        checkpointing = asked != "no checkpointing"
+        args = SftArguments(model="x", dataset=["x"], fused_lora=fused,
+                            selective_checkpointing=asked if checkpointing else None,
+                            gradient_checkpointing=checkpointing)
         p = speedups.plan(base, args, device)
         assert p.selective_checkpointing == selective, (asked, device, fused)
         # the memory available moves a little between the two reads
         assert p.keep_budget == (budget and pytest.approx(budget, rel=0.05)), asked
     _lora_model(tiny_qwen2, selective_checkpointing=None)
     assert "frozen matmul outputs kept in the layers that fit in" in capsys.readouterr().err
+
+
+def test_the_budget_starts_again_each_forward_whatever_layers_lora_covers(tiny_qwen2):
+    """Targets that give the first decoder layer no LoRA layer that keeps (one adapted linear:
+    it is the layer's last, which the recompute never reaches) and the second three: the
+    second layer's claim must find the whole budget at every forward, not what the forward
+    before left, and its gradients equal plain checkpointing's each time."""
+    from swiftlite.models.loader import load_model
+    from swiftlite.training.tuners import prepare_model
+    batch = _batch(tiny_qwen2)[2]
+    targets = [r".*layers\.0\.self_attn\.v_proj|.*layers\.1\.self_attn\.(q|k|v)_proj"]
+    models = {}
+    for asked in (False, None):
+        torch.manual_seed(0)
+        args = SftArguments(model="x", dataset=["x"], lora_dropout=0.3, target_modules=targets,
+                            selective_checkpointing=asked)
+        model = prepare_model(load_model(tiny_qwen2, "float32"), args)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.05)
+        model.train()
+        models[asked] = model
+    model = models[None]
+    assert _decisions(model) == [False]  # one decoder layer keeps: q and k of layer 1
+    per_forward = _layer_bytes_per_token(model) * batch["input_ids"].numel()
+    budget = _budget(model)
+    budget.limit = budget.left = int(1.5 * per_forward)  # room for it once a forward
+    for seed in (1, 2, 3):
+        loss, grads, _, _ = _loss_grads_matmuls(models[False], batch, seed=seed)
+        models[False].zero_grad()
+        loss_b, grads_b, _, _ = _loss_grads_matmuls(model, batch, seed=seed)
+        model.zero_grad()
+        assert loss_b == pytest.approx(loss, rel=1e-6)
+        _assert_close_grads(grads, grads_b)
+        assert _decisions(model) == [True], seed

@@ -160,8 +160,8 @@ def apply(model, p: Plan) -> list[str]:
             if p.bf16_lora_matmuls:
                 done.append("bf16_lora_matmuls")
         if p.selective_checkpointing:
-            keep_frozen_outputs(model, p.keep_budget)
-            if p.keep_budget is not None:
+            keeping = keep_frozen_outputs(model, p.keep_budget)
+            if keeping and p.keep_budget is not None:
                 info(f"selective checkpointing: frozen matmul outputs kept in the layers that "
                      f"fit in {p.keep_budget / 2**20:,.0f} MB a forward, the rest recomputed "
                      "(--selective_checkpointing true: every layer, false: none)")

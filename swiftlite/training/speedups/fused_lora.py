@@ -195,37 +195,49 @@ def _kept_output(layer, x):
     if torch._C._current_graph_task_id() != -1:
         kept, layer._kept = layer._kept, None
         return False, kept
-    block, first = layer._keep
-    if first:  # the decoder layer's first LoRA layer decides for all of its layers
-        block.keeps = block.budget.claim(block.index, block.bytes_per_token * x[..., 0].numel())
-    if not block.keeps:
+    block, position = layer._keep
+    keeps = block.decide(position, x[..., 0].numel())
+    if not keeps:
         layer._kept = None  # nothing from an earlier forward may reach this one's recompute
-    return block.keeps, None
+    # One kept output per layer: a second forward with gradients before the first one's
+    # backward would replace it. Training runs one backward per forward (preference losses
+    # too: chosen and rejected go through in one row; their reference runs without gradients).
+    return keeps, None
 
 
 class _Budget:
     """Bytes of frozen outputs one forward may keep (None: no limit). Decoder layers claim their
-    share in forward order, the first from a full budget, until one does not fit."""
+    share in forward order, until one does not fit; a claim by a layer at or before the last
+    one to claim begins a new forward, with the whole budget."""
 
     def __init__(self, limit: int | None):
         self.limit, self.left = limit, limit
+        self.last = float("inf")  # so the first claim begins a forward too
 
     def claim(self, index: int, nbytes: int) -> bool:
         if self.limit is None:
             return True
-        if index == 0:
+        if index <= self.last:
             self.left = self.limit
+        self.last = index
         fits = nbytes <= self.left
         self.left = self.left - nbytes if fits else 0
         return fits
 
 
 class _BlockKeep:
-    """One decoder layer's share of a _Budget and this forward's decision."""
+    """One decoder layer's share of a _Budget and this forward's decision, taken by whichever
+    of its keeping LoRA layers runs first in a forward (one at or before the last to run)."""
 
-    def __init__(self, budget: _Budget, index: int, bytes_per_token: int):
+    def __init__(self, budget: _Budget, index: int, bytes_per_token: int, layers: int):
         self.budget, self.index, self.bytes_per_token = budget, index, bytes_per_token
-        self.keeps = False
+        self.keeps, self.last = False, layers
+
+    def decide(self, position: int, tokens: int) -> bool:
+        if position <= self.last:
+            self.keeps = self.budget.claim(self.index, self.bytes_per_token * tokens)
+        self.last = position
+        return self.keeps
 
 
 def use_fused_lora(model, bf16_matmuls: bool = False) -> int:
@@ -268,11 +280,12 @@ def keep_frozen_outputs(model, budget: int | None = None) -> int:
     (a long batch fewer layers, a short one more), the rest recompute theirs. The numbers are
     the same either way. Returns how many LoRA layers may keep theirs."""
     shared, n = _Budget(budget), 0
-    for index, fused in enumerate(_checkpointed_layers(model)):
-        kept = fused[:-1]
+    keeping = [fused[:-1] for fused in _checkpointed_layers(model) if len(fused) > 1]
+    for index, kept in enumerate(keeping):
         block = _BlockKeep(shared, index, sum(m.base_layer.out_features
-                                              * m.base_layer.weight.element_size() for m in kept))
-        for m in kept:
-            m._keep = (block, m is kept[0])
+                                              * m.base_layer.weight.element_size() for m in kept),
+                           len(kept))
+        for position, m in enumerate(kept):
+            m._keep = (block, position)
             n += 1
     return n
