@@ -229,9 +229,9 @@ class _BlockKeep:
     """One decoder layer's share of a _Budget and this forward's decision, taken by whichever
     of its keeping LoRA layers runs first in a forward (one at or before the last to run)."""
 
-    def __init__(self, budget: _Budget, index: int, bytes_per_token: int, layers: int):
+    def __init__(self, budget: _Budget, index: int, bytes_per_token: int):
         self.budget, self.index, self.bytes_per_token = budget, index, bytes_per_token
-        self.keeps, self.last = False, layers
+        self.keeps, self.last = False, float("inf")  # so the first call decides
 
     def decide(self, position: int, tokens: int) -> bool:
         if position <= self.last:
@@ -283,8 +283,7 @@ def keep_frozen_outputs(model, budget: int | None = None) -> int:
     keeping = [fused[:-1] for fused in _checkpointed_layers(model) if len(fused) > 1]
     for index, kept in enumerate(keeping):
         block = _BlockKeep(shared, index, sum(m.base_layer.out_features
-                                              * m.base_layer.weight.element_size() for m in kept),
-                           len(kept))
+                                              * m.base_layer.weight.element_size() for m in kept))
         for position, m in enumerate(kept):
             m._keep = (block, position)
             n += 1
