@@ -328,3 +328,97 @@ def test_the_budget_starts_again_each_forward_whatever_layers_lora_covers(tiny_q
         assert loss_b == pytest.approx(loss, rel=1e-6)
         _assert_close_grads(grads, grads_b)
         assert _decisions(model) == [True], seed
+
+
+def test_the_recompute_replays_the_forward_drops_and_adapter_products(tiny_qwen2, monkeypatch):
+    """Under checkpointing each fused LoRA layer keeps its drop positions and its rank-r
+    activation from the forward pass: the recompute draws no dropout positions and multiplies
+    no lora_A again (backward runs only its two gradient products), whether the layer keeps
+    its frozen outputs or not; loss and gradients equal peft's with the same masks. A forward
+    with gradients that is never back-propagated leaves nothing a later one's recompute takes."""
+    from swiftlite.training.speedups import fast_dropout
+    draws = {"n": 0}
+    real = fast_dropout.drop_positions
+
+    def counted(*args, **kwargs):
+        draws["n"] += 1
+        return real(*args, **kwargs)
+    monkeypatch.setattr(fast_dropout, "drop_positions", counted)
+    _, samples, batch = _batch(tiny_qwen2)
+    from swiftlite.training.trainer import collator
+    other = collator(_batch(tiny_qwen2)[0], True)([dict(s) for s in samples[:1]])
+    peft = _lora_model(tiny_qwen2, lora_dropout=0.3, fused_lora=False)
+    for selective in ("no checkpointing", False, True):
+        model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=selective is True,
+                            gradient_checkpointing=selective != "no checkpointing")
+        adapters = {m.lora_A["default"].weight.data_ptr() for m in model.modules()
+                    if hasattr(m, "_peft_forward")}
+        torch.manual_seed(5)
+        model(**other).loss  # a forward with gradients, never back-propagated
+        for seed in (1, 2):
+            draws["n"] = 0
+            torch.manual_seed(seed)
+            with _Products(adapters) as products:
+                loss = model(**batch).loss
+            assert (draws["n"], products.n) == (7 * LAYERS, 7 * LAYERS)
+            draws["n"] = 0
+            with _Products(adapters) as products:
+                loss.backward()
+            # lora_A's only product in backward is each layer's input gradient (under
+            # checkpointing peft has the embeddings' output require grad: the first layer's too)
+            inputs = 7 * LAYERS - (3 if selective == "no checkpointing" else 0)
+            assert (draws["n"], products.n) == (0, inputs), selective
+            loss_p, grads_p, _, _ = _loss_grads_matmuls(peft, batch, seed=seed)
+            assert loss.item() == pytest.approx(loss_p, rel=1e-6)
+            _assert_close_grads(grads_p, _grads(model))
+            model.zero_grad()
+            peft.zero_grad()
+
+
+class _Products:
+    """Counts matmuls that read one of the given weights (lora_A's, fp32 here)."""
+
+    def __init__(self, ptrs):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if (func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                             torch.ops.aten.addmm_.default)
+                        and any(isinstance(a, torch.Tensor) and a.data_ptr() in ptrs
+                                for a in args)):
+                    counter.n += 1
+                return func(*args, **(kwargs or {}))
+        self.n, self.mode = 0, Mode()
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.mode.__exit__(*exc)
+
+
+def test_what_draws_after_a_replayed_layer_draws_what_it_drew_in_the_forward(tiny_qwen2):
+    """A LoRA layer on peft's path (here: a forward hook on its base layer) draws its dropout
+    mask in the recompute too; the fused layers before it in the decoder layer do not draw
+    there, so they must leave the random generator as their forward draws did, or its mask
+    (and every gradient through it) would differ. Loss and gradients equal peft's throughout."""
+    batch = _batch(tiny_qwen2)[2]
+    peft = _lora_model(tiny_qwen2, lora_dropout=0.3, fused_lora=False)
+    mixed = _lora_model(tiny_qwen2, lora_dropout=0.3)
+    hooked = [m for name, m in mixed.named_modules()
+              if name.endswith("mlp.up_proj") and hasattr(m, "_peft_forward")]
+    for m in hooked:
+        m.base_layer.register_forward_hook(lambda *args: None)
+    from swiftlite.training.speedups.fused_lora import _plain
+    x = torch.randn(1, 2, hooked[0].in_features)
+    assert _plain(hooked[0], x, (), {}) is None  # peft's path, after q, k, v, o and gate
+    for seed in (1, 2):
+        loss, grads, _, _ = _loss_grads_matmuls(peft, batch, seed=seed)
+        loss_m, grads_m, _, _ = _loss_grads_matmuls(mixed, batch, seed=seed)
+        assert loss_m == pytest.approx(loss, rel=1e-6)
+        _assert_close_grads(grads, grads_m)
+        peft.zero_grad()
+        mixed.zero_grad()

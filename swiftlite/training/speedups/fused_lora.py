@@ -21,7 +21,10 @@ of the 7 frozen matmuls of a layer, about a quarter of its FLOPs. With --selecti
 the other base outputs are kept from the forward pass (bf16 on a bf16 base) and handed to the
 recompute instead of multiplying again: no frozen matmul is recomputed, for memory of one
 output per frozen matmul and token (keep_frozen_outputs below); by default only as many
-decoder layers keep theirs as fit in a memory budget, the others recompute.
+decoder layers keep theirs as fit in a memory budget, the others recompute. Every layer also
+keeps its dropout's drop positions and its rank-r activation (x @ A^T) for the recompute, which
+then draws no dropout and multiplies no lora_A again (the positions are about p of the input's
+elements, the activation r values per token).
 
 The numbers equal peft's to float rounding (same dropout masks: the mask is drawn from the same
 generator at the same point); tests/unit/test_fused_lora.py checks loss and gradients. Anything the
@@ -60,12 +63,13 @@ class _LoraLinear(torch.autograd.Function):
     nothing is cast."""
 
     @staticmethod
-    def forward(ctx, x, a, b, scale, dropped, mm_dtype, frozen):
+    def forward(ctx, x, a, b, scale, dropped, mm_dtype, frozen, h=None):
         """`dropped`: flat positions of x to zero (fast_dropout.py), or None. `frozen`: None for
         the adapter branch alone, else (weight, bias, kept, keep); for --selective_checkpointing
         (keep_frozen_outputs) `kept` is the frozen matmul's output kept from the forward pass
         (None: multiply), and `keep` returns it as the second output, to keep it for the
-        recompute (else the second output is None)."""
+        recompute (else the second output is None). `h`: the scaled rank-r activation the
+        forward pass computed, given to the recompute (None: multiply); the third output."""
         ctx.set_materialize_grads(False)  # no zeros for the second output's gradient
         x2 = x.reshape(-1, x.shape[-1])  # (tokens, features)
         xm = x2.to(mm_dtype)  # x itself when no cast is asked for
@@ -73,28 +77,29 @@ class _LoraLinear(torch.autograd.Function):
         if dropped is not None:
             xd = xm.clone(memory_format=torch.contiguous_format)
             xd.view(-1).index_fill_(0, dropped, 0.0)
-        # (tokens, r), from A @ x^T: oneDNN's fast layout for this product
-        h = torch.mm(a.to(mm_dtype), xd.t()).t().to(x.dtype).mul_(scale)
+        if h is None:  # (tokens, r), from A @ x^T: oneDNN's fast layout for this product
+            h = torch.mm(a.to(mm_dtype), xd.t()).t().to(x.dtype).mul_(scale)
         # The dropped input rather than x, so backward need not drop again (the positions are
         # kept too, for the input gradient). With checkpointing these live only while their
         # decoder layer is recomputed and back-propagated.
         ctx.save_for_backward(xd, a, b, h, dropped)
         ctx.scale, ctx.x_shape, ctx.mm_dtype = scale, x.shape, mm_dtype
         ctx.weight = None if frozen is None else frozen[0]
+        ctx.mark_non_differentiable(h)
         shape = (*x.shape[:-1], b.shape[0])
         if frozen is None:
-            return torch.mm(h, b.t()).view(shape), None
+            return torch.mm(h, b.t()).view(shape), None, h
         weight, bias, base, keep = frozen
         if base is None:
             base = onednn_fp32.linear(xm.to(weight.dtype), weight, bias)
         out = base.to(x.dtype, copy=keep).addmm_(h, b.t()).view(shape)
         if not keep:
-            return out, None
+            return out, None, h
         ctx.mark_non_differentiable(base)
-        return out, base
+        return out, base, h
 
     @staticmethod
-    def backward(ctx, grad, _grad_base):
+    def backward(ctx, grad, _grad_base, _grad_h):
         xd, a, b, h, dropped = ctx.saved_tensors
         w, mm = ctx.weight, ctx.mm_dtype
         g = grad.reshape(-1, grad.shape[-1])
@@ -120,7 +125,7 @@ class _LoraLinear(torch.autograd.Function):
                 if at_drops is not None:
                     grad_x.view(-1).index_copy_(0, dropped, at_drops)
             grad_x = grad_x.view(ctx.x_shape)
-        return grad_x, grad_a, grad_b, None, None, None, None
+        return grad_x, grad_a, grad_b, None, None, None, None, None
 
 
 class _FrozenLinear(torch.autograd.Function):
@@ -166,24 +171,61 @@ def _fused_forward(self, x, *args, **kwargs):
     name = _plain(self, x, args, kwargs)
     if name is None:
         return self._peft_forward(x, *args, **kwargs)
-    dropout, scale, dropped = self.lora_dropout[name], self.scaling[name], None
-    if isinstance(dropout, FastDropout):
+    dropout, scale = self.lora_dropout[name], self.scaling[name]
+    dropped, h = _replayed(self, x)
+    if h is None and isinstance(dropout, FastDropout):
         dropped = dropout.positions(x.shape)
-        if dropped is not None:
-            scale *= dropout.keep_scale
+    if dropped is not None:
+        scale *= dropout.keep_scale
     a, b, base = self.lora_A[name].weight, self.lora_B[name].weight, self.base_layer
     mm_dtype = self._mm_dtype or x.dtype
     if self._base_last:
         # The base matmul after the adapter branch and in a function of its own that saves
         # nothing, so checkpointing's recompute stops before it (see above).
-        lora, _ = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype, None)
-        return _FrozenLinear.apply(x, base.weight, base.bias) + lora
-    keep, kept = _kept_output(self, x)
-    out, frozen = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype,
-                                    (base.weight, base.bias, kept, keep))
-    if keep:
-        self._kept = frozen
+        lora, _, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype, None, h)
+        out = _FrozenLinear.apply(x, base.weight, base.bias) + lora
+    else:
+        keep, kept = _kept_output(self, x)
+        out, frozen, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype,
+                                           (base.weight, base.bias, kept, keep), h)
+        if keep:
+            self._kept = frozen
+    if _checkpointed(self) and not _recomputing():
+        # int32 positions: half the bytes (they are few: about p x the input's elements); the
+        # random state after the draw, for what draws after it in the recompute
+        small = dropped is not None and x.numel() < 2**31
+        self._replay = (x.shape, dropped.to(torch.int32) if small else dropped, h,
+                        None if dropped is None else torch.get_rng_state())
     return out
+
+
+def _checkpointed(layer) -> bool:
+    """Whether this call of a fused layer runs under gradient checkpointing, with gradients."""
+    return (layer._block is not None and layer._block.gradient_checkpointing
+            and torch.is_grad_enabled())
+
+
+def _recomputing() -> bool:
+    # Checkpointing recomputes a layer from inside backward, where a graph task is running.
+    return torch._C._current_graph_task_id() != -1
+
+
+def _replayed(layer, x):
+    """In checkpointing's recompute, (drop positions, rank-r activation) of the forward pass,
+    else (None, None): the recompute then draws and multiplies as usual. Each forward with
+    gradients replaces what the one before kept (one backward per forward, see _kept_output);
+    one of another shape is refused. The random generator is left where the forward's draw
+    left it, so whatever draws after this layer in the recompute (a LoRA layer on peft's path,
+    attention dropout) draws what it drew in the forward pass."""
+    if not (_checkpointed(layer) and _recomputing()):
+        return None, None
+    replay, layer._replay = layer._replay, None
+    if replay is None or replay[0] != x.shape:
+        return None, None
+    _, dropped, h, rng = replay
+    if rng is not None:
+        torch.set_rng_state(rng)
+    return (None if dropped is None else dropped.long()), h
 
 
 def _kept_output(layer, x):
@@ -191,8 +233,7 @@ def _kept_output(layer, x):
     output for the recompute, and the output kept for this call (None: multiply)."""
     if layer._keep is None or not torch.is_grad_enabled():
         return False, None
-    # Checkpointing recomputes a layer from inside backward, where a graph task is running.
-    if torch._C._current_graph_task_id() != -1:
+    if _recomputing():
         kept, layer._kept = layer._kept, None
         return False, kept
     block, position = layer._keep
@@ -252,24 +293,27 @@ def use_fused_lora(model, bf16_matmuls: bool = False) -> int:
             module._peft_forward = module.forward
             module.forward = types.MethodType(_fused_forward, module)
             module._keep, module._kept, module._base_last = None, None, False
+            module._replay, module._block = None, None
             module._mm_dtype = (torch.bfloat16 if bf16_matmuls
                                 and module.base_layer.weight.dtype == torch.bfloat16 else None)
             n += 1
-    for block in _checkpointed_layers(model):
-        block[-1]._base_last = True
+    for block, fused in _checkpointed_layers(model, blocks=True):
+        fused[-1]._base_last = True
+        for m in fused:  # a reference, not a submodule: the block is the layer's parent
+            object.__setattr__(m, "_block", block)
     return n
 
 
-def _checkpointed_layers(model):
+def _checkpointed_layers(model, blocks: bool = False):
     """The fused LoRA layers of each checkpointable decoder layer, in registration order, which
-    is the forward's (q ... down)."""
+    is the forward's (q ... down); with `blocks`, (decoder layer, its fused layers)."""
     from peft.tuners.lora.layer import Linear
     from transformers.modeling_layers import GradientCheckpointingLayer
     for block in model.modules():
         if isinstance(block, GradientCheckpointingLayer):
             fused = [m for m in block.modules() if type(m) is Linear and "_peft_forward" in vars(m)]
             if fused:
-                yield fused
+                yield (block, fused) if blocks else fused
 
 
 def keep_frozen_outputs(model, budget: int | None = None) -> int:
