@@ -422,3 +422,27 @@ def test_what_draws_after_a_replayed_layer_draws_what_it_drew_in_the_forward(tin
         _assert_close_grads(grads, grads_m)
         peft.zero_grad()
         mixed.zero_grad()
+
+
+@pytest.mark.parametrize("selective", [False, True])
+def test_a_recompute_takes_only_what_its_own_forward_kept(tiny_qwen2, selective):
+    """Two forwards with gradients of batches of the same shape, then the first one's backward:
+    its recompute must not take what the second kept (drop positions, adapter activations,
+    attention outputs, frozen outputs: another batch's), and the second's backward after it
+    must still be right. Both equal peft's one forward + backward."""
+    batch = _batch(tiny_qwen2)[2]
+    peft = _lora_model(tiny_qwen2, lora_dropout=0.3, fused_lora=False)
+    expected = {}
+    for seed in (1, 2):
+        expected[seed] = _loss_grads_matmuls(peft, batch, seed=seed)[:2]
+        peft.zero_grad()
+    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=selective)
+    losses = {}
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        losses[seed] = model(**batch).loss
+    for seed in (1, 2):
+        losses[seed].backward()
+        assert losses[seed].item() == pytest.approx(expected[seed][0], rel=1e-6)
+        _assert_close_grads(expected[seed][1], _grads(model))
+        model.zero_grad()

@@ -40,6 +40,7 @@ import torch
 
 from swiftlite.training.speedups import onednn_fp32
 from swiftlite.training.speedups.fast_dropout import FastDropout
+from swiftlite.training.speedups.recompute import fingerprint, recomputing, same
 
 
 class _LoraLinear(torch.autograd.Function):
@@ -170,9 +171,12 @@ def _plain(layer, x, args, kwargs):
 def _fused_forward(self, x, *args, **kwargs):
     name = _plain(self, x, args, kwargs)
     if name is None:
+        self._replay = None  # nothing kept may reach a later recompute on the fused path
         return self._peft_forward(x, *args, **kwargs)
     dropout, scale = self.lora_dropout[name], self.scaling[name]
     dropped, h = _replayed(self, x)
+    keeps = _checkpointed(self) and not recomputing()
+    before = torch.get_rng_state() if keeps else None
     if h is None and isinstance(dropout, FastDropout):
         dropped = dropout.positions(x.shape)
     if dropped is not None:
@@ -189,42 +193,42 @@ def _fused_forward(self, x, *args, **kwargs):
         out, frozen, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype,
                                            (base.weight, base.bias, kept, keep), h)
         if keep:
-            self._kept = frozen
-    if _checkpointed(self) and not _recomputing():
+            self._kept = (fingerprint(x), frozen)
+    if keeps:
         # int32 positions: half the bytes (they are few: about p x the input's elements); the
-        # random state after the draw, for what draws after it in the recompute
+        # random state before the draw identifies this forward, the one after it is where the
+        # recompute leaves the generator for what draws after this layer
         small = dropped is not None and x.numel() < 2**31
-        self._replay = (x.shape, dropped.to(torch.int32) if small else dropped, h,
-                        None if dropped is None else torch.get_rng_state())
+        self._replay = (fingerprint(x), before, dropped.to(torch.int32) if small else dropped,
+                        h, None if dropped is None else torch.get_rng_state())
     return out
 
 
 def _checkpointed(layer) -> bool:
     """Whether this call of a fused layer runs under gradient checkpointing, with gradients."""
-    return (layer._block is not None and layer._block.gradient_checkpointing
+    block = layer._block
+    return (block is not None and block.gradient_checkpointing and block.training
             and torch.is_grad_enabled())
 
 
-def _recomputing() -> bool:
-    # Checkpointing recomputes a layer from inside backward, where a graph task is running.
-    return torch._C._current_graph_task_id() != -1
-
-
 def _replayed(layer, x):
-    """In checkpointing's recompute, (drop positions, rank-r activation) of the forward pass,
-    else (None, None): the recompute then draws and multiplies as usual. Each forward with
-    gradients replaces what the one before kept (one backward per forward, see _kept_output);
-    one of another shape is refused. The random generator is left where the forward's draw
-    left it, so whatever draws after this layer in the recompute (a LoRA layer on peft's path,
-    attention dropout) draws what it drew in the forward pass."""
-    if not (_checkpointed(layer) and _recomputing()):
+    """In checkpointing's recompute, (drop positions, rank-r activation) of its forward pass,
+    else (None, None): the recompute then draws and multiplies as usual. Another forward's
+    (recompute.py) is refused, and so is one whose random state differs from the recompute's
+    here (checkpointing replays it: unless told not to, when a restore below would rewind the
+    generator). The generator is then left where the forward's draw left it, so whatever
+    draws after this layer in the recompute (a LoRA layer on peft's path, attention dropout)
+    draws what it drew in the forward pass."""
+    if not (_checkpointed(layer) and recomputing()):
         return None, None
     replay, layer._replay = layer._replay, None
-    if replay is None or replay[0] != x.shape:
+    if replay is None:
         return None, None
-    _, dropped, h, rng = replay
-    if rng is not None:
-        torch.set_rng_state(rng)
+    seen, before, dropped, h, after = replay
+    if not (same(seen, x) and torch.equal(before, torch.get_rng_state())):
+        return None, None
+    if after is not None:
+        torch.set_rng_state(after)
     return (None if dropped is None else dropped.long()), h
 
 
@@ -233,16 +237,15 @@ def _kept_output(layer, x):
     output for the recompute, and the output kept for this call (None: multiply)."""
     if layer._keep is None or not torch.is_grad_enabled():
         return False, None
-    if _recomputing():
+    if recomputing():
         kept, layer._kept = layer._kept, None
-        return False, kept
+        return False, (kept[1] if kept is not None and same(kept[0], x) else None)
     block, position = layer._keep
     keeps = block.decide(position, x[..., 0].numel())
     if not keeps:
         layer._kept = None  # nothing from an earlier forward may reach this one's recompute
     # One kept output per layer: a second forward with gradients before the first one's
-    # backward would replace it. Training runs one backward per forward (preference losses
-    # too: chosen and rejected go through in one row; their reference runs without gradients).
+    # backward replaces it (the first one's recompute then multiplies: recompute.py).
     return keeps, None
 
 

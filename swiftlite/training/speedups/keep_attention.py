@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from swiftlite.training.speedups.recompute import fingerprint, recomputing, same
+
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
@@ -53,14 +55,18 @@ def applies(module, query, dropout: float) -> bool:
 def attention(module, segments, scale):
     """Causal attention of each (q, k, v) in `segments` (one packed sample each, shared K/V
     heads read by the kernel itself): computed and kept on `module` in the forward pass, handed
-    back in checkpointing's recompute, which runs inside backward (a graph task is running)."""
-    if torch._C._current_graph_task_id() == -1:  # the forward pass
+    back in checkpointing's recompute (recompute.py), if it is that forward's."""
+    if not recomputing():  # the forward pass
         outs = [_Attention.apply(q, k, v, scale, None) for q, k, v in segments]
-        module._kept_attention = [(o.detach(), lse) for o, lse in outs]
+        module._kept_attention = (fingerprint(segments[0][0]),
+                                  [(o.detach(), lse) for o, lse in outs])
         return [o for o, _ in outs]
     # None: nothing kept (reentrant checkpointing runs the forward pass without gradients)
-    kept, module._kept_attention = module._kept_attention or [None] * len(segments), None
-    return [_Attention.apply(q, k, v, scale, pair)[0] for (q, k, v), pair in zip(segments, kept)]
+    kept, module._kept_attention = module._kept_attention, None
+    if kept is None or not same(kept[0], segments[0][0]):
+        kept = (None, [None] * len(segments))
+    return [_Attention.apply(q, k, v, scale, pair)[0]
+            for (q, k, v), pair in zip(segments, kept[1])]
 
 
 def keep_attention(model) -> int:
