@@ -13,21 +13,21 @@ from helpers.marks import BF16_CPU_TRAINING, needs_bf16_units
 from helpers.speedups import _batch, _assert_close_grads, _grads, _lora_model
 
 
-class _FrozenMatmuls:
-    """Counts matmuls with a frozen weight (a view of a parameter that does not learn)."""
+class _Matmuls:
+    """Counts matmuls that read one of the given tensors (or a view of one)."""
 
-    def __init__(self, model):
+    def __init__(self, tensors):
         from torch.utils._python_dispatch import TorchDispatchMode
-        frozen = {p.untyped_storage().data_ptr() for p in model.parameters()
-                  if not p.requires_grad}
+        storages = {t.untyped_storage().data_ptr() for t in tensors}
 
         class Mode(TorchDispatchMode):
             n = 0
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if (func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+                if (func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+                             torch.ops.aten.addmm_.default)
                         and any(isinstance(a, torch.Tensor)
-                                and a.untyped_storage().data_ptr() in frozen for a in args)):
+                                and a.untyped_storage().data_ptr() in storages for a in args)):
                     self.n += 1
                 return func(*args, **(kwargs or {}))
         self.mode = Mode
@@ -36,6 +36,11 @@ class _FrozenMatmuls:
         with self.mode() as mode:
             result = fn()
         return result, mode.n
+
+
+def _FrozenMatmuls(model):
+    """Counts matmuls with a frozen weight (a view of a parameter that does not learn)."""
+    return _Matmuls(p for p in model.parameters() if not p.requires_grad)
 
 
 def _loss_grads_matmuls(model, batch, seed=1):
@@ -333,7 +338,7 @@ def test_the_budget_starts_again_each_forward_whatever_layers_lora_covers(tiny_q
 def test_the_recompute_replays_the_forward_drops_and_adapter_products(tiny_qwen2, monkeypatch):
     """Under checkpointing each fused LoRA layer keeps its drop positions and its rank-r
     activation from the forward pass: the recompute draws no dropout positions and multiplies
-    no lora_A again (backward runs only its two gradient products), whether the layer keeps
+    no lora_A again (its only product in backward is the input gradient's), whether it keeps
     its frozen outputs or not; loss and gradients equal peft's with the same masks. A forward
     with gradients that is never back-propagated leaves nothing a later one's recompute takes."""
     from swiftlite.training.speedups import fast_dropout
@@ -351,53 +356,27 @@ def test_the_recompute_replays_the_forward_drops_and_adapter_products(tiny_qwen2
     for selective in ("no checkpointing", False, True):
         model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=selective is True,
                             gradient_checkpointing=selective != "no checkpointing")
-        adapters = {m.lora_A["default"].weight.data_ptr() for m in model.modules()
-                    if hasattr(m, "_peft_forward")}
+        adapters = _Matmuls(m.lora_A["default"].weight for m in model.modules()
+                            if hasattr(m, "_peft_forward"))
         torch.manual_seed(5)
         model(**other).loss  # a forward with gradients, never back-propagated
         for seed in (1, 2):
             draws["n"] = 0
             torch.manual_seed(seed)
-            with _Products(adapters) as products:
-                loss = model(**batch).loss
-            assert (draws["n"], products.n) == (7 * LAYERS, 7 * LAYERS)
+            loss, products = adapters.count(lambda: model(**batch).loss)
+            assert (draws["n"], products) == (7 * LAYERS, 7 * LAYERS)
             draws["n"] = 0
-            with _Products(adapters) as products:
-                loss.backward()
+            _, products = adapters.count(loss.backward)
             # lora_A's only product in backward is each layer's input gradient (under
             # checkpointing peft has the embeddings' output require grad: the first layer's too)
             inputs = 7 * LAYERS - (3 if selective == "no checkpointing" else 0)
-            assert (draws["n"], products.n) == (0, inputs), selective
+            assert (draws["n"], products) == (0, inputs), selective
             loss_p, grads_p, _, _ = _loss_grads_matmuls(peft, batch, seed=seed)
             assert loss.item() == pytest.approx(loss_p, rel=1e-6)
             _assert_close_grads(grads_p, _grads(model))
             model.zero_grad()
             peft.zero_grad()
 
-
-class _Products:
-    """Counts matmuls that read one of the given weights (lora_A's, fp32 here)."""
-
-    def __init__(self, ptrs):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if (func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
-                             torch.ops.aten.addmm_.default)
-                        and any(isinstance(a, torch.Tensor) and a.data_ptr() in ptrs
-                                for a in args)):
-                    counter.n += 1
-                return func(*args, **(kwargs or {}))
-        self.n, self.mode = 0, Mode()
-
-    def __enter__(self):
-        self.mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.mode.__exit__(*exc)
 
 
 def test_what_draws_after_a_replayed_layer_draws_what_it_drew_in_the_forward(tiny_qwen2):
