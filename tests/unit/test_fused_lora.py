@@ -425,3 +425,21 @@ def test_a_recompute_takes_only_what_its_own_forward_kept(tiny_qwen2, selective)
         assert losses[seed].item() == pytest.approx(expected[seed][0], rel=1e-6)
         _assert_close_grads(expected[seed][1], _grads(model))
         model.zero_grad()
+
+
+def test_a_forward_without_checkpointing_keeps_nothing_for_a_recompute(tiny_qwen2):
+    """Gradient checkpointing turned off after the speed-ups were installed (selective, every
+    layer keeping): no recompute will come, so a forward with gradients keeps nothing (no frozen
+    output, no drop positions, no attention output) and still equals peft's."""
+    batch = _batch(tiny_qwen2)[2]
+    peft = _lora_model(tiny_qwen2, lora_dropout=0.3, fused_lora=False)
+    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=True)
+    model.gradient_checkpointing_disable()
+    torch.manual_seed(1)
+    loss = model(**batch).loss
+    assert [name for name, m in model.named_modules()
+            if getattr(m, "_kept", None) or getattr(m, "_kept_attention", None)] == []
+    loss.backward()
+    loss_p, grads_p, _, _ = _loss_grads_matmuls(peft, batch, seed=1)
+    assert loss.item() == pytest.approx(loss_p, rel=1e-6)
+    _assert_close_grads(grads_p, _grads(model))

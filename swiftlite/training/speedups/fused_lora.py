@@ -35,6 +35,7 @@ partitioned weights, eval mode) goes through peft's forward unchanged.
 from __future__ import annotations
 
 import types
+from typing import NamedTuple
 
 import torch
 
@@ -168,15 +169,29 @@ def _plain(layer, x, args, kwargs):
     return name
 
 
+class _Kept(NamedTuple):
+    """What a fused layer's forward pass under checkpointing keeps for its recompute: its
+    input's fingerprint (recompute.py), the random state before and after its dropout draw,
+    the drop positions (int32 when they fit: half the bytes), the rank-r activation h, and the
+    frozen matmul's output where --selective_checkpointing keeps it (else None)."""
+    seen: tuple
+    before: torch.Tensor
+    dropped: torch.Tensor | None
+    h: torch.Tensor
+    after: torch.Tensor | None
+    base: torch.Tensor | None
+
+
 def _fused_forward(self, x, *args, **kwargs):
     name = _plain(self, x, args, kwargs)
     if name is None:
-        self._replay = None  # nothing kept may reach a later recompute on the fused path
+        self._kept = None  # nothing kept may reach a later recompute on the fused path
         return self._peft_forward(x, *args, **kwargs)
     dropout, scale = self.lora_dropout[name], self.scaling[name]
-    dropped, h = _replayed(self, x)
-    keeps = _checkpointed(self) and not recomputing()
-    before = torch.get_rng_state() if keeps else None
+    checkpointed = _checkpointed(self)
+    recompute = checkpointed and recomputing()
+    dropped, h, kept = _taken(self, x) if recompute else (None, None, None)
+    before = torch.get_rng_state() if checkpointed and not recompute else None
     if h is None and isinstance(dropout, FastDropout):
         dropped = dropout.positions(x.shape)
     if dropped is not None:
@@ -186,21 +201,19 @@ def _fused_forward(self, x, *args, **kwargs):
     if self._base_last:
         # The base matmul after the adapter branch and in a function of its own that saves
         # nothing, so checkpointing's recompute stops before it (see above).
-        lora, _, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype, None, h)
+        lora, frozen, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype, None, h)
         out = _FrozenLinear.apply(x, base.weight, base.bias) + lora
     else:
-        keep, kept = _kept_output(self, x)
+        keep = before is not None and _keeps_output(self, x)
         out, frozen, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype,
                                            (base.weight, base.bias, kept, keep), h)
-        if keep:
-            self._kept = (fingerprint(x), frozen)
-    if keeps:
-        # int32 positions: half the bytes (they are few: about p x the input's elements); the
-        # random state before the draw identifies this forward, the one after it is where the
-        # recompute leaves the generator for what draws after this layer
+    if before is not None:
+        # One record per layer: a second forward with gradients before the first one's
+        # backward replaces it (the first one's recompute then draws and multiplies again).
         small = dropped is not None and x.numel() < 2**31
-        self._replay = (fingerprint(x), before, dropped.to(torch.int32) if small else dropped,
-                        h, None if dropped is None else torch.get_rng_state())
+        self._kept = _Kept(fingerprint(x), before,
+                           dropped.to(torch.int32) if small else dropped, h,
+                           None if dropped is None else torch.get_rng_state(), frozen)
     return out
 
 
@@ -211,42 +224,31 @@ def _checkpointed(layer) -> bool:
             and torch.is_grad_enabled())
 
 
-def _replayed(layer, x):
-    """In checkpointing's recompute, (drop positions, rank-r activation) of its forward pass,
-    else (None, None): the recompute then draws and multiplies as usual. Another forward's
-    (recompute.py) is refused, and so is one whose random state differs from the recompute's
-    here (checkpointing replays it: unless told not to, when a restore below would rewind the
-    generator). The generator is then left where the forward's draw left it, so whatever
-    draws after this layer in the recompute (a LoRA layer on peft's path, attention dropout)
-    draws what it drew in the forward pass."""
-    if not (_checkpointed(layer) and recomputing()):
-        return None, None
-    replay, layer._replay = layer._replay, None
-    if replay is None:
-        return None, None
-    seen, before, dropped, h, after = replay
-    if not (same(seen, x) and torch.equal(before, torch.get_rng_state())):
-        return None, None
-    if after is not None:
-        torch.set_rng_state(after)
-    return (None if dropped is None else dropped.long()), h
+def _taken(layer, x):
+    """In checkpointing's recompute, what its forward pass kept: (drop positions, rank-r
+    activation, frozen output), each None where not kept; the recompute then draws and
+    multiplies as usual. Another forward's (recompute.py) is refused. The drops and h are also
+    refused when the random state differs from the forward's here (checkpointing replays it:
+    unless told not to, when a restore below would rewind the generator). The generator is then
+    left where the forward's draw left it, so whatever draws after this layer in the recompute
+    (a LoRA layer on peft's path, attention dropout) draws what it drew in the forward pass."""
+    kept, layer._kept = layer._kept, None
+    if kept is None or not same(kept.seen, x):
+        return None, None, None
+    if not torch.equal(kept.before, torch.get_rng_state()):
+        return None, None, kept.base
+    if kept.after is not None:
+        torch.set_rng_state(kept.after)
+    return (None if kept.dropped is None else kept.dropped.long()), kept.h, kept.base
 
 
-def _kept_output(layer, x):
-    """(keep, kept) for --selective_checkpointing: whether to keep this call's frozen matmul
-    output for the recompute, and the output kept for this call (None: multiply)."""
-    if layer._keep is None or not torch.is_grad_enabled():
-        return False, None
-    if recomputing():
-        kept, layer._kept = layer._kept, None
-        return False, (kept[1] if kept is not None and same(kept[0], x) else None)
+def _keeps_output(layer, x) -> bool:
+    """--selective_checkpointing: whether this forward keeps the layer's frozen matmul output
+    for the recompute (its decoder layer's share of the budget)."""
+    if layer._keep is None:
+        return False
     block, position = layer._keep
-    keeps = block.decide(position, x[..., 0].numel())
-    if not keeps:
-        layer._kept = None  # nothing from an earlier forward may reach this one's recompute
-    # One kept output per layer: a second forward with gradients before the first one's
-    # backward replaces it (the first one's recompute then multiplies: recompute.py).
-    return keeps, None
+    return block.decide(position, x[..., 0].numel())
 
 
 class _Budget:
@@ -296,7 +298,7 @@ def use_fused_lora(model, bf16_matmuls: bool = False) -> int:
             module._peft_forward = module.forward
             module.forward = types.MethodType(_fused_forward, module)
             module._keep, module._kept, module._base_last = None, None, False
-            module._replay, module._block = None, None
+            module._block = None
             module._mm_dtype = (torch.bfloat16 if bf16_matmuls
                                 and module.base_layer.weight.dtype == torch.bfloat16 else None)
             n += 1

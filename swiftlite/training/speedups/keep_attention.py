@@ -49,7 +49,7 @@ def applies(module, query, dropout: float) -> bool:
     # directly, past SDPA's own casting of q, k and v to one dtype.
     return (getattr(module, "_keep_attention", False) and query.device.type == "cpu"
             and dropout == 0.0 and module.training and torch.is_grad_enabled()
-            and not torch.is_autocast_enabled("cpu"))
+            and module._block.gradient_checkpointing and not torch.is_autocast_enabled("cpu"))
 
 
 def attention(module, segments, scale):
@@ -78,5 +78,6 @@ def keep_attention(model) -> int:
             attn = getattr(block, "self_attn", None)
             if attn is not None:
                 attn._keep_attention, attn._kept_attention = True, None
+                object.__setattr__(attn, "_block", block)  # a reference: the block is its parent
                 n += 1
     return n
