@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv-llamacpp with llama.cpp for `swiftlite export --format gguf` and its tests:
 #   - llama-cpp-python, built from its source distribution (cmake + g++; about two minutes on
-#     2 cores, once per machine): its module runs GGUF files and quantizes them
+#     2 cores, once per machine and CPU kind: the wheel is kept in swiftlite's cache): its
+#     module runs GGUF files and quantizes them
 #     (llama_model_quantize);
 #   - llama.cpp's own converters from the same sdist (convert_hf_to_gguf.py,
 #     convert_lora_to_gguf.py, conversion/, gguf-py/), unpacked under
@@ -41,20 +42,32 @@ if [ "$(cat $STAMP 2>/dev/null)" != "$VERSION" ] || [ ! -f $SHARE/convert_hf_to_
 fi
 
 if ! $VENV/bin/python -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$VERSION' or not hasattr(llama_cpp, 'llama_model_quantize'))" 2>/dev/null; then
-  TARBALL=$(sdist)
-  echo "building llama-cpp-python $VERSION from source (cmake; a few minutes on 2 cores)..."
-  start=$(date +%s)
-  # llama-cpp-python turns on llama.cpp's common library (argument parsing, chat and JSON
-  # helpers for llama.cpp's own programs), which its Python package never loads: it binds
-  # libllama and ggml through ctypes. Left out, the build takes a third of the time.
-  src=$(mktemp -d)
-  tar -xzf "$TARBALL" -C "$src"
-  sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/' \
-    "$src/llama_cpp_python-$VERSION/CMakeLists.txt"
-  CMAKE_ARGS="-DLLAVA_BUILD=OFF ${LLAMACPP_CMAKE_ARGS:-}" \
-    $VENV/bin/pip install -q "$src/llama_cpp_python-$VERSION"
-  rm -rf "$src"
-  echo "llama-cpp-python built in $(( $(date +%s) - start )) s"
+  # The wheel is built once per machine and kept in swiftlite's cache, under a key of the
+  # version, the cmake options and this CPU's flags (ggml builds for the CPU it is built on), so
+  # a second clone installs it. pip's own wheel cache does not serve here: it keys a build from
+  # a folder by the folder's path, a new temporary one each time.
+  CMAKE="-DLLAVA_BUILD=OFF ${LLAMACPP_CMAKE_ARGS:-}"
+  key=$(printf '%s\n' "$VERSION" "$CMAKE" "$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)" \
+    | sha256sum | cut -c1-16)
+  wheels=${SWIFTLITE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/swiftlite}/llama-cpp-python/$key
+  if ! ls $wheels/llama_cpp_python-$VERSION-*.whl >/dev/null 2>&1; then
+    TARBALL=$(sdist)
+    echo "building llama-cpp-python $VERSION from source (cmake; a few minutes on 2 cores)..."
+    start=$(date +%s)
+    # llama-cpp-python turns on llama.cpp's common library (argument parsing, chat and JSON
+    # helpers for llama.cpp's own programs), which its Python package never loads: it binds
+    # libllama and ggml through ctypes. Left out, the build takes a third of the time.
+    src=$(mktemp -d)
+    tar -xzf "$TARBALL" -C "$src"
+    sed -i 's/set(LLAMA_BUILD_COMMON ON CACHE/set(LLAMA_BUILD_COMMON OFF CACHE/' \
+      "$src/llama_cpp_python-$VERSION/CMakeLists.txt"
+    CMAKE_ARGS="$CMAKE" $VENV/bin/pip wheel -q --no-deps -w "$src/wheel" \
+      "$src/llama_cpp_python-$VERSION"
+    mkdir -p "$(dirname $wheels)" && rm -rf $wheels && mv "$src/wheel" $wheels  # whole or not at all
+    rm -rf "$src"
+    echo "llama-cpp-python built in $(( $(date +%s) - start )) s (kept in $wheels)"
+  fi
+  $VENV/bin/pip install -q $wheels/llama_cpp_python-$VERSION-*.whl
 fi
 # What the converter imports (vendor/llama.cpp/requirements/requirements-convert_hf_to_gguf.txt;
 # its torch and transformers pins are relaxed to the versions swiftlite's own venv uses, so the
