@@ -41,7 +41,7 @@ import torch
 
 from swiftlite.training.speedups import onednn_fp32
 from swiftlite.training.speedups.fast_dropout import FastDropout
-from swiftlite.training.speedups.recompute import fingerprint, recomputing, same
+from swiftlite.training.speedups.recompute import checkpointing, fingerprint, recomputing, same
 
 
 class _LoraLinear(torch.autograd.Function):
@@ -188,7 +188,7 @@ def _fused_forward(self, x, *args, **kwargs):
         self._kept = None  # nothing kept may reach a later recompute on the fused path
         return self._peft_forward(x, *args, **kwargs)
     dropout, scale = self.lora_dropout[name], self.scaling[name]
-    checkpointed = _checkpointed(self)
+    checkpointed = checkpointing(self._block)
     recompute = checkpointed and recomputing()
     dropped, h, kept = _taken(self, x) if recompute else (None, None, None)
     before = torch.get_rng_state() if checkpointed and not recompute else None
@@ -215,13 +215,6 @@ def _fused_forward(self, x, *args, **kwargs):
                            dropped.to(torch.int32) if small else dropped, h,
                            None if dropped is None else torch.get_rng_state(), frozen)
     return out
-
-
-def _checkpointed(layer) -> bool:
-    """Whether this call of a fused layer runs under gradient checkpointing, with gradients."""
-    block = layer._block
-    return (block is not None and block.gradient_checkpointing and block.training
-            and torch.is_grad_enabled())
 
 
 def _taken(layer, x):

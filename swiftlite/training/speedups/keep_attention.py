@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from swiftlite.training.speedups.recompute import fingerprint, recomputing, same
+from swiftlite.training.speedups.recompute import checkpointing, fingerprint, recomputing, same
 
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -48,8 +48,8 @@ def applies(module, query, dropout: float) -> bool:
     # Not under autocast (full fine-tuning's bf16 over fp32 masters): the kernel is called
     # directly, past SDPA's own casting of q, k and v to one dtype.
     return (getattr(module, "_keep_attention", False) and query.device.type == "cpu"
-            and dropout == 0.0 and module.training and torch.is_grad_enabled()
-            and module._block.gradient_checkpointing and not torch.is_autocast_enabled("cpu"))
+            and dropout == 0.0 and checkpointing(module._block)
+            and not torch.is_autocast_enabled("cpu"))
 
 
 def attention(module, segments, scale):

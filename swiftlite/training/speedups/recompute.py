@@ -16,6 +16,13 @@ import torch
 _SAMPLES = 16
 
 
+def checkpointing(block) -> bool:
+    """Whether decoder layer `block` (None: none) runs under gradient checkpointing now, in
+    training and with gradients: only then does a recompute come for what its forward keeps."""
+    return (block is not None and block.gradient_checkpointing and block.training
+            and torch.is_grad_enabled())
+
+
 def recomputing() -> bool:
     """Whether this runs inside backward (a graph task is running): checkpointing's recompute."""
     return torch._C._current_graph_task_id() != -1
