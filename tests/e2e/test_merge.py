@@ -15,6 +15,7 @@ from helpers.cli import run_cli
 
 import swiftlite
 from swiftlite.errors import UsageError
+from swiftlite.runtime.allocator import find_tcmalloc
 
 
 def _leftovers(parent: str) -> list[str]:
@@ -257,9 +258,15 @@ def test_the_merge_check_holds_one_layer_not_the_model(smollm2_cognition, smollm
     ckpt, (merged, merge_stdout) = smollm2_cognition["Swifty"], smollm2_merged
     fp32_bytes, embedding_bytes = 4 * 134_515_008, 4 * 49152 * 576
 
+    # Measured in the allocator merge-lora runs under (tcmalloc when the system has it):
+    # glibc's heap keeps a part of what was freed that varies from run to run by more than a
+    # layer, tcmalloc's peak repeats within a few MB.
+    tcmalloc = find_tcmalloc()
+    env = dict(os.environ, LD_PRELOAD=tcmalloc) if tcmalloc else None
+
     def measure(how):
         r = subprocess.run([sys.executable, "-c", VERIFY_MEMORY_SCRIPT, ckpt, merged, how],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
         return json.loads(r.stdout.strip().splitlines()[-1])
 
