@@ -4,13 +4,14 @@ trains or resumes a real tiny-qwen2 run."""
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+
+from helpers.cli import copy_run
 
 import swiftlite
 from swiftlite import cli
@@ -57,7 +58,7 @@ def test_a_diverging_run_never_marks_a_non_finite_checkpoint_complete(tmp_path, 
 def run_copy(tiny_run, tmp_path):
     """A copy of the session's tiny run (complete checkpoints 4 and 8) to damage."""
     run = tmp_path / "run"
-    shutil.copytree(tiny_run.output_dir, run)
+    copy_run(tiny_run.output_dir, run)
     return run
 
 

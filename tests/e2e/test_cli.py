@@ -86,7 +86,9 @@ def test_help_is_fast_and_lists_flags():
     t = time.time()
     r = subprocess.run([sys.executable, "-m", "swiftlite.cli", "sft", "--help"],
                        capture_output=True, text=True)
-    assert time.time() - t < 2.0, "swiftlite sft --help must answer in under 2 s"
+    # < 1 s on an idle machine; loose here, CI shares the cores (what it imports:
+    # test_allocator.py::test_sft_help_is_instant)
+    assert time.time() - t < 5, "swiftlite sft --help must answer in seconds"
     assert r.returncode == 0 and "--lora_rank" in r.stdout and "--dataset" in r.stdout
     r = subprocess.run([sys.executable, "-m", "swiftlite.cli", "--help"], capture_output=True,
                        text=True)

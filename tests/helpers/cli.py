@@ -40,3 +40,10 @@ def run_cli(*args, env=None, cwd=None, timeout=900, check=True):
                              f"--- stdout\n{r.stdout[-4000:]}\n--- stderr\n{r.stderr[-8000:]}")
     return r
 
+
+
+def copy_run(run_dir, dest) -> None:
+    """A private copy of a session's run folder, without the *-merged folders (and their
+    temporary ones) that merge tests on another worker may be writing into it meanwhile."""
+    import shutil
+    shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns("*-merged*"))
