@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -41,9 +42,7 @@ def run_cli(*args, env=None, cwd=None, timeout=900, check=True):
     return r
 
 
-
 def copy_run(run_dir, dest) -> None:
     """A private copy of a session's run folder, without the *-merged folders (and their
     temporary ones) that merge tests on another worker may be writing into it meanwhile."""
-    import shutil
     shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns("*-merged*"))
