@@ -181,22 +181,36 @@ def _setup(a):
         model.train()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4,
                                 weight_decay=0.1)
+        from swiftlite.training.speedups.batch_threads import threads
         runs.append({"name": name, "args": args, "model": model, "opt": opt,
+                     "threads": threads(model, args, "cpu"),
                      "collate": collator(tok, args.padding_free), "t": 0.0, "cpu": 0.0, "tok": 0,
                      "losses": []})
     return batches, runs
 
 
-def _forward(r, batch):
+def _forward(r, batch, num_items=None):
     from swiftlite.training.speedups.chunked_loss import supervised_head_loss
-    return (supervised_head_loss(r["model"], batch) if r["args"].chunked_loss
-            else r["model"](**batch).loss)
+    return (supervised_head_loss(r["model"], batch, num_items) if r["args"].chunked_loss
+            else r["model"](**batch, num_items_in_batch=num_items).loss)
 
 
 def _forward_backward(r, batch):
-    loss = _forward(r, batch)
-    loss.backward()
-    return loss
+    """As the Trainer's step: with --batch_threads, the batch's parts in threads, each loss
+    normalised by the whole batch's trained tokens."""
+    if r["threads"] == 1:
+        loss = _forward(r, batch)
+        loss.backward()
+        return loss
+    from swiftlite.training.speedups import batch_threads
+    num_items = int((batch["labels"][:, 1:] != -100).sum())
+
+    def part(p):
+        loss = _forward(r, p, num_items)
+        loss.backward()
+        return loss.detach()
+    losses = batch_threads.run(part, batch_threads.split(batch, r["threads"]) or [batch])
+    return sum(losses[1:], losses[0])
 
 
 def _optimizer_step(r):

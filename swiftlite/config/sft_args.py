@@ -51,6 +51,8 @@ class SftArguments(ModelArguments, DataArguments, LoraArguments, TrainArguments)
         for name in ("seed", "data_seed"):  # numpy's seeding takes 0 .. 2**32 - 1
             if not 0 <= getattr(self, name) < 2 ** 32:
                 problems.append(f"--{name} must be in 0 .. 4294967295, got {getattr(self, name)}")
+        if self.batch_threads is not None and self.batch_threads < 1:
+            problems.append(f"--batch_threads must be at least 1, got {self.batch_threads}")
         if self.gradient_accumulation_steps is not None and self.gradient_accumulation_steps < 1:
             problems.append("--gradient_accumulation_steps must be at least 1")
         if not 0 <= self.split_dataset_ratio < 1:

@@ -83,6 +83,11 @@ class TrainArguments:
     fp32_activations: bool = arg(True, "with --torch_dtype bfloat16 on a CPU: bf16 matmuls but "
                                  "fp32 activations, so small LoRA updates are not rounded away; "
                                  "false: all-bf16 activations", group="train")
+    batch_threads: Optional[int] = arg(
+        None, "sft on a CPU: train each batch's samples in N threads, each on a share of the "
+        "cores (the same step, less time between operators: docs/performance.md); default: 2 "
+        "on 2 or more cores where every LoRA layer is fused and the model has no dropout of its "
+        "own; 1: off", group="train")
     bf16_lora_matmuls: bool = arg(True, "with --fp32_activations and --fused_lora: the LoRA "
                                   "adapters' matmuls take bf16 inputs too, their results rounded "
                                   "to bf16 once (sums, weights and optimizer state stay fp32); "

@@ -36,6 +36,7 @@ def trainer_class(chunked_loss: bool):
 
     class NoSecretsTrainer(Trainer):
         lora_plus_lr_ratio = None  # --lora_plus_lr_ratio, set by build_trainer
+        batch_threads = 1  # --batch_threads as decided for this model, set by build_trainer
 
         def create_optimizer(self, model=None):
             if self.lora_plus_lr_ratio and self.optimizer is None:
@@ -45,11 +46,27 @@ def trainer_class(chunked_loss: bool):
             return super().create_optimizer(model)
 
         def training_step(self, model, inputs, num_items_in_batch=None):
-            loss = super().training_step(model, inputs, num_items_in_batch)
+            if self.batch_threads > 1:
+                loss = self._threaded_step(model, inputs, num_items_in_batch)
+            else:
+                loss = super().training_step(model, inputs, num_items_in_batch)
             for guard in self._guards():  # every loss seen, not only logged ones
                 guard.see(loss, self.state.global_step + 1)
             self.trained_a_step = True  # a run that fails from now on keeps its folder
             return loss
+
+        def _threaded_step(self, model, inputs, num_items_in_batch):
+            """The step's samples in threads (speedups/batch_threads.py). Each part's loss is
+            normalised by the whole batch's trained tokens (num_items_in_batch), so the parts'
+            gradients and losses add up to the batch's; without that count the batch runs whole,
+            in one part."""
+            from swiftlite.training.speedups import batch_threads
+            parts = (batch_threads.split(inputs, self.batch_threads)
+                     if num_items_in_batch is not None else None)
+            losses = batch_threads.run(
+                lambda part: Trainer.training_step(self, model, part, num_items_in_batch),
+                parts or [inputs])
+            return sum(losses[1:], losses[0])
 
         def _save_checkpoint(self, model, trial):
             for guard in self._guards():
@@ -139,6 +156,7 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
         raise UsageError(f"transformers rejects these training arguments: {e}") from None
     _check_optimizer(ta, model)
     one_device(ta, world)
+    sft = trainer_cls is None
     trainer_cls = trainer_cls or trainer_class(args.chunked_loss)
     if data_collator is None:
         from swiftlite.data.packing import PackedDataset
@@ -161,6 +179,13 @@ def build_trainer(model, tokenizer, train_ds, val_ds, args, run_dir: str, dtype:
     if scorer is not None:
         scorer.trainer = trainer
     trainer.lora_plus_lr_ratio = getattr(args, "lora_plus_lr_ratio", None)
+    if sft:
+        from swiftlite.training.speedups.batch_threads import threads
+        trainer.batch_threads = threads(model, args, hw.device)
+        if trainer.batch_threads > 1:
+            from swiftlite.log import info
+            info(f"batch threads: each batch's samples train in {trainer.batch_threads} "
+                 "threads, each on a share of the cores (--batch_threads 1: off)")
     return trainer
 
 

@@ -62,12 +62,16 @@ def test_trainer_loss_per_trained_token_across_accumulation(tmp_path, tiny_qwen2
     """Through the Trainer: batch 4 in one step and batch 2 x 2 accumulation steps see the same
     samples, so with the loss normalised per trained token over the accumulated batch (not a
     mean of micro-batch means) they log the same losses and gradient norms; the chunked loss
-    and the model's own loss agree on both."""
+    and the model's own loss agree on both, and so do a batch's samples trained in threads
+    (--batch_threads, by default on 2 cores or more) and in one."""
     data = chat_jsonl + "#16"
-    runs = {(bs, ga, cl): _run(tmp_path, f"b{bs}g{ga}{cl}", data, per_device_train_batch_size=bs,
-                               gradient_accumulation_steps=ga, chunked_loss=cl)
-            for bs, ga, cl in [(4, 1, True), (2, 2, True), (2, 2, False)]}
-    ref = runs[(4, 1, True)]
+    runs = {(bs, ga, cl, bt): _run(tmp_path, f"b{bs}g{ga}{cl}{bt}", data,
+                                   per_device_train_batch_size=bs,
+                                   gradient_accumulation_steps=ga, chunked_loss=cl,
+                                   batch_threads=bt)
+            for bs, ga, cl, bt in [(4, 1, True, 1), (4, 1, True, 2), (2, 2, True, 2),
+                                   (2, 2, False, 2)]}
+    ref = runs[(4, 1, True, 1)]
     assert len(ref) == 2
     for key, rows in runs.items():
         for a, b in zip(ref, rows):

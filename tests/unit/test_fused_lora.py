@@ -8,6 +8,7 @@ import torch
 
 from swiftlite.config.arguments import SftArguments
 from swiftlite.runtime.hardware import cpu_flags
+from swiftlite.training.speedups.recompute import kept
 
 from helpers.marks import BF16_CPU_TRAINING, needs_bf16_units
 from helpers.speedups import _batch, _assert_close_grads, _grads, _lora_model
@@ -75,7 +76,7 @@ def test_selective_checkpointing_equals_plain_without_recomputing_frozen_matmuls
         # and again: nothing kept from the first step leaks into the second
         results[selective, 2] = _loss_grads_matmuls(model, batch, seed=2)
         # every kept output was handed to the recompute: none outlives the step
-        assert all(getattr(m, "_kept", None) is None for m in model.modules())
+        assert all(kept(m) is None for m in model.modules())
     for step in (False, 2):
         key = (lambda selective: selective if step is False else (selective, 2))
         assert results[key(True)][0] == pytest.approx(results[key(False)][0], rel=1e-6)
@@ -250,7 +251,7 @@ def test_selective_checkpointing_within_a_budget_keeps_the_layers_that_fit(tiny_
         assert fwd == fwd_b == 7 * LAYERS + 1
         assert bwd == fwd + 6 * LAYERS  # plain: every layer's matmuls but down_proj again
         assert bwd_b == bwd - 6 * kept_layers, (b["input_ids"].numel(), kept_layers)
-        assert all(getattr(m, "_kept", None) is None for m in model.modules())
+        assert all(kept(m) is None for m in model.modules())
         # in forward order: the first layers keep theirs
         assert _decisions(model) == [i < kept_layers for i in range(LAYERS)]
 
@@ -438,7 +439,7 @@ def test_a_forward_without_checkpointing_keeps_nothing_for_a_recompute(tiny_qwen
     torch.manual_seed(1)
     loss = model(**batch).loss
     assert [name for name, m in model.named_modules()
-            if getattr(m, "_kept", None) or getattr(m, "_kept_attention", None)] == []
+            if kept(m) is not None] == []
     loss.backward()
     loss_p, grads_p, _, _ = _loss_grads_matmuls(peft, batch, seed=1)
     assert loss.item() == pytest.approx(loss_p, rel=1e-6)

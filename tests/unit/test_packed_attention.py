@@ -1,9 +1,9 @@
 """--padding_free: packed batches with per-sample SDPA learn what right-padded batches learn."""
 from __future__ import annotations
 
-
 import pytest
 
+from swiftlite.training.speedups.recompute import kept
 
 from helpers.marks import BF16_CPU_TRAINING
 from helpers.speedups import _step, _batch, _assert_close_grads, _grads, _lora_model, _samples
@@ -97,7 +97,7 @@ def test_kept_attention_equals_recomputed_and_runs_the_kernel_once_fewer(tiny_qw
         assert len(attention) == (model.config.num_hidden_layers if keep else 0)
         for step in (1, 2):
             results[keep, step] = _step(model, batch, calls, step)
-            assert all(m._kept_attention is None for m in attention)
+            assert all(kept(m) is None for m in attention)
     layers, n = model.config.num_hidden_layers, len(samples)
     for step in (1, 2):
         (loss, grads, off_calls), (loss_k, grads_k, on_calls) = results[False, step], \

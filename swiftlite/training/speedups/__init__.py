@@ -10,6 +10,8 @@ apply; docs/performance.md has what each buys):
                            --bf16_lora_matmuls: the fused adapters' matmuls in bf16 too
   chunked_loss             --chunked_loss: LM head only at trained positions (the Trainer's)
   onednn_fp32              --onednn_fp32: fp32 matmuls by oneDNN where faster than BLAS (CPU)
+  batch_threads            --batch_threads: a batch's samples in threads (sft, CPU; the
+                           Trainer's step, decided when the trainer is built)
 
 `plan` decides which apply to this model, arguments and device; `apply` installs them on the
 model that will train (after LoRA wrapping); `checkpoint_kwargs` is what gradient

@@ -15,6 +15,7 @@ like transformers' ForCausalLMLoss, sum over trained tokens divided by the Train
 from __future__ import annotations
 
 import inspect
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -127,9 +128,11 @@ def decoder_output(model, inputs: dict) -> torch.Tensor:
     in its dtype, as autocast would hand them to the head: the head runs after the forward,
     and fp32 hidden states over fp32 master weights (full fine-tuning) would multiply in fp32."""
     lm = unwrap(model)
-    captured = {}
+    captured, thread = {}, threading.get_ident()
 
     def grab(_module, _args, output):
+        if threading.get_ident() != thread:  # another part's forward (batch_threads.py)
+            return
         h = output[0] if isinstance(output, tuple) else output.last_hidden_state
         if torch.is_autocast_enabled(h.device.type):
             h = h.to(torch.get_autocast_dtype(h.device.type))

@@ -18,7 +18,8 @@ kept for backward instead of a mask.
 
 The draws come from torch's default generator (in float64, so the longest gap is not cut off
 at float32's resolution), so a seeded run is reproducible and checkpointing's RNG-state replay
-recomputes the same drops. They use the random stream differently from nn.Dropout, so a run
+recomputes the same drops; with --batch_threads, from the generator of the thread's part of
+the batch (batch_threads.py). They use the random stream differently from nn.Dropout, so a run
 with it matches one without it in distribution, not bit for bit; at p = 0 both are the
 identity. The cost grows with p: at high rates (p >= 0.5, say) torch's kernel is cheaper.
 """
@@ -27,6 +28,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from swiftlite.training.speedups.batch_threads import generator
 
 
 def drop_positions(n: int, p: float, draws: int | None = None) -> torch.Tensor:
@@ -42,7 +45,7 @@ def drop_positions(n: int, p: float, draws: int | None = None) -> torch.Tensor:
     log_keep = math.log1p(-p)
     parts, end = [], -1  # end: the last position drawn so far
     while end < n:
-        u = torch.rand(draws, dtype=torch.float64)
+        u = torch.rand(draws, dtype=torch.float64, generator=generator())
         # floor(log(1 - u) / log(1 - p)) kept elements before each drop, then the drop itself
         steps = torch.log1p(-u).div_(log_keep).floor_().to(torch.int64).add_(1)
         part = torch.cumsum(steps, 0).add_(end)

@@ -34,14 +34,17 @@ partitioned weights, eval mode) goes through peft's forward unchanged.
 """
 from __future__ import annotations
 
+import threading
 import types
 from typing import NamedTuple
 
 import torch
 
 from swiftlite.training.speedups import onednn_fp32
+from swiftlite.training.speedups.batch_threads import generator, share
 from swiftlite.training.speedups.fast_dropout import FastDropout
-from swiftlite.training.speedups.recompute import checkpointing, fingerprint, recomputing, same
+from swiftlite.training.speedups.recompute import (checkpointing, fingerprint, keep,
+                                                   recomputing, same, take)
 
 
 class _LoraLinear(torch.autograd.Function):
@@ -185,13 +188,16 @@ class _Kept(NamedTuple):
 def _fused_forward(self, x, *args, **kwargs):
     name = _plain(self, x, args, kwargs)
     if name is None:
-        self._kept = None  # nothing kept may reach a later recompute on the fused path
+        keep(self, None)  # nothing kept may reach a later recompute on the fused path
         return self._peft_forward(x, *args, **kwargs)
     dropout, scale = self.lora_dropout[name], self.scaling[name]
     checkpointed = checkpointing(self._block)
     recompute = checkpointed and recomputing()
     dropped, h, kept = _taken(self, x) if recompute else (None, None, None)
-    before = torch.get_rng_state() if checkpointed and not recompute else None
+    record = checkpointed and not recompute
+    # A part of a --batch_threads step draws from a generator of its own, which no
+    # checkpointing replays: its recompute takes the kept drops without comparing states.
+    before = torch.get_rng_state() if record and generator() is None else None
     if h is None and isinstance(dropout, FastDropout):
         dropped = dropout.positions(x.shape)
     if dropped is not None:
@@ -204,16 +210,17 @@ def _fused_forward(self, x, *args, **kwargs):
         lora, frozen, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype, None, h)
         out = _FrozenLinear.apply(x, base.weight, base.bias) + lora
     else:
-        keep = before is not None and _keeps_output(self, x)
+        keeps = record and _keeps_output(self, x)
         out, frozen, h = _LoraLinear.apply(x, a, b, scale, dropped, mm_dtype,
-                                           (base.weight, base.bias, kept, keep), h)
-    if before is not None:
+                                           (base.weight, base.bias, kept, keeps), h)
+    if record:
         # One record per layer: a second forward with gradients before the first one's
         # backward replaces it (the first one's recompute then draws and multiplies again).
         small = dropped is not None and x.numel() < 2**31
-        self._kept = _Kept(fingerprint(x), before,
-                           dropped.to(torch.int32) if small else dropped, h,
-                           None if dropped is None else torch.get_rng_state(), frozen)
+        keep(self, _Kept(fingerprint(x), before,
+                         dropped.to(torch.int32) if small else dropped, h,
+                         None if dropped is None or before is None else torch.get_rng_state(),
+                         frozen))
     return out
 
 
@@ -225,10 +232,10 @@ def _taken(layer, x):
     unless told not to, when a restore below would rewind the generator). The generator is then
     left where the forward's draw left it, so whatever draws after this layer in the recompute
     (a LoRA layer on peft's path, attention dropout) draws what it drew in the forward pass."""
-    kept, layer._kept = layer._kept, None
+    kept = take(layer)
     if kept is None or not same(kept.seen, x):
         return None, None, None
-    if not torch.equal(kept.before, torch.get_rng_state()):
+    if kept.before is not None and not torch.equal(kept.before, torch.get_rng_state()):
         return None, None, kept.base
     if kept.after is not None:
         torch.set_rng_state(kept.after)
@@ -244,10 +251,11 @@ def _keeps_output(layer, x) -> bool:
     return block.decide(position, x[..., 0].numel())
 
 
-class _Budget:
+class _Budget(threading.local):
     """Bytes of frozen outputs one forward may keep (None: no limit). Decoder layers claim their
     share in forward order, until one does not fit; a claim by a layer at or before the last
-    one to claim begins a new forward, with the whole budget."""
+    one to claim begins a new forward, with the whole budget. Per thread: the parts of a
+    --batch_threads step each have an equal share of it."""
 
     def __init__(self, limit: int | None):
         self.limit, self.left = limit, limit
@@ -257,16 +265,17 @@ class _Budget:
         if self.limit is None:
             return True
         if index <= self.last:
-            self.left = self.limit
+            self.left = self.limit // share()
         self.last = index
         fits = nbytes <= self.left
         self.left = self.left - nbytes if fits else 0
         return fits
 
 
-class _BlockKeep:
+class _BlockKeep(threading.local):
     """One decoder layer's share of a _Budget and this forward's decision, taken by whichever
-    of its keeping LoRA layers runs first in a forward (one at or before the last to run)."""
+    of its keeping LoRA layers runs first in a forward (one at or before the last to run); per
+    thread, like the budget."""
 
     def __init__(self, budget: _Budget, index: int, bytes_per_token: int):
         self.budget, self.index, self.bytes_per_token = budget, index, bytes_per_token
@@ -290,7 +299,7 @@ def use_fused_lora(model, bf16_matmuls: bool = False) -> int:
         if type(module) is Linear and "_peft_forward" not in vars(module):
             module._peft_forward = module.forward
             module.forward = types.MethodType(_fused_forward, module)
-            module._keep, module._kept, module._base_last = None, None, False
+            module._keep, module._base_last = None, False
             module._block = None
             module._mm_dtype = (torch.bfloat16 if bf16_matmuls
                                 and module.base_layer.weight.dtype == torch.bfloat16 else None)

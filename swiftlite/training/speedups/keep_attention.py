@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from swiftlite.training.speedups.recompute import checkpointing, fingerprint, recomputing, same
+from swiftlite.training.speedups.recompute import (checkpointing, fingerprint, keep,
+                                                   recomputing, same, take)
 
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -54,15 +55,14 @@ def applies(module, query, dropout: float) -> bool:
 
 def attention(module, segments, scale):
     """Causal attention of each (q, k, v) in `segments` (one packed sample each, shared K/V
-    heads read by the kernel itself): computed and kept on `module` in the forward pass, handed
+    heads read by the kernel itself): computed and kept for `module` in the forward pass, handed
     back in checkpointing's recompute (recompute.py), if it is that forward's."""
     if not recomputing():  # the forward pass
         outs = [_Attention.apply(q, k, v, scale, None) for q, k, v in segments]
-        module._kept_attention = (fingerprint(segments[0][0]),
-                                  [(o.detach(), lse) for o, lse in outs])
+        keep(module, (fingerprint(segments[0][0]), [(o.detach(), lse) for o, lse in outs]))
         return [o for o, _ in outs]
     # None: nothing kept (reentrant checkpointing runs the forward pass without gradients)
-    kept, module._kept_attention = module._kept_attention, None
+    kept = take(module)
     if kept is None or not same(kept[0], segments[0][0]):
         kept = (None, [None] * len(segments))
     return [_Attention.apply(q, k, v, scale, pair)[0]
@@ -77,7 +77,7 @@ def keep_attention(model) -> int:
         if isinstance(block, GradientCheckpointingLayer):
             attn = getattr(block, "self_attn", None)
             if attn is not None:
-                attn._keep_attention, attn._kept_attention = True, None
+                attn._keep_attention = True
                 object.__setattr__(attn, "_block", block)  # a reference: the block is its parent
                 n += 1
     return n

@@ -7,11 +7,18 @@ its module, one per forward, and handed over when the recompute asks. A recomput
 only what its own forward kept: two forwards with gradients and then the first one's backward
 (or a forward that is never back-propagated) would otherwise hand it another batch's values,
 silently wrong gradients. The recompute's input is its forward's, bit for bit, so a few of its
-values, spread across it, tell its own kept values from another forward's.
+values, spread across it, tell its own kept values from another forward's. Records are kept
+per thread: with --batch_threads each part of a batch runs its forward and recompute in a
+thread of its own, through the same modules.
 """
 from __future__ import annotations
 
+import threading
+import weakref
+
 import torch
+
+_local = threading.local()
 
 _SAMPLES = 16
 
@@ -38,3 +45,26 @@ def fingerprint(t: torch.Tensor) -> tuple:
 def same(kept: tuple, t: torch.Tensor) -> bool:
     """Whether `t` is the tensor whose fingerprint was `kept`."""
     return fingerprint(t) == kept
+
+
+def keep(module, record) -> None:
+    """Keep `record` for `module`'s next recompute in this thread (None: nothing kept)."""
+    records = getattr(_local, "records", None)
+    if records is None:
+        records = _local.records = weakref.WeakKeyDictionary()
+    if record is None:
+        records.pop(module, None)
+    else:
+        records[module] = record
+
+
+def take(module):
+    """What `module`'s forward in this thread kept (None: nothing), handed over once."""
+    records = getattr(_local, "records", None)
+    return None if records is None else records.pop(module, None)
+
+
+def kept(module):
+    """What `module` keeps in this thread now, left in place."""
+    records = getattr(_local, "records", None)
+    return None if records is None else records.get(module)
