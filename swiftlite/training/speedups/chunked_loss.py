@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from swiftlite.config.constants import IGNORE_INDEX, LOSS_CHUNK_ROWS as CHUNK
 from swiftlite.training.speedups import onednn_fp32
+from swiftlite.training.speedups.batch_threads import share
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -159,7 +160,8 @@ def supervised_head_loss(model, inputs: dict, num_items_in_batch=None, chunk: in
     keep = targets != IGNORE_INDEX
     hidden = decoder_output(model, inputs)[keep]
     weight = unwrap(model).get_output_embeddings().weight
-    total = linear_cross_entropy(hidden, weight, targets[keep], chunk)
+    # the parts of a --batch_threads step run their heads at once: together one chunk's rows
+    total = linear_cross_entropy(hidden, weight, targets[keep], max(1, chunk // share()))
     denom = num_items_in_batch if num_items_in_batch is not None else keep.sum().clamp(min=1)
     if torch.is_tensor(denom):
         denom = denom.to(total.device)
