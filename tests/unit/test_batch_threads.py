@@ -60,11 +60,13 @@ def test_an_error_in_any_part_is_raised_once_every_part_is_done():
         finished.append((part, threading.current_thread().name))
         return part
 
+    cores = torch.get_num_threads()
     with pytest.raises(ValueError, match="part 1 failed"):
         batch_threads.run(step, ["good", "bad", "also good"])
     assert sorted(p for p, _ in finished) == ["also good", "good"]
+    assert torch.get_num_threads() == cores  # the process's cores back, error or not
     assert batch_threads.run(step, ["a", "b"]) == ["a", "b"]
-    assert torch.get_num_threads() >= 1 and batch_threads.generator() is None
+    assert torch.get_num_threads() == cores and batch_threads.generator() is None
 
 
 def _threaded_step(model, batch, seed, n=2):
@@ -146,3 +148,43 @@ def test_threads_are_used_only_where_the_step_stays_the_same(tiny_qwen2, monkeyp
     model.config.attention_dropout = 0.1
     assert batch_threads.threads(model, _args(), "cpu") == 1
     model.config.attention_dropout = 0.0
+    assert batch_threads.threads(model, _args(batch_threads=2, neftune_noise_alpha=5.0),
+                                 "cpu") == 1
+    # nn.Dropout on peft's path (--fast_dropout false) draws from torch's default generator
+    plain_dropout = _lora_model(tiny_qwen2, lora_dropout=0.1, fast_dropout=False)
+    assert batch_threads.threads(plain_dropout, _args(batch_threads=2, lora_dropout=0.0),
+                                 "cpu") == 1
+    # 16-bit activations over fp32 adapters: every LoRA layer takes peft's path
+    bf16 = _lora_model(tiny_qwen2, dtype="bfloat16", fp32_activations=False, lora_dropout=0.1)
+    assert batch_threads.threads(bf16, _args(batch_threads=2, fp32_activations=False),
+                                 "cpu") == 1
+    bf16_fp32_act = _lora_model(tiny_qwen2, dtype="bfloat16", lora_dropout=0.1)
+    assert batch_threads.threads(bf16_fp32_act, _args(batch_threads=2), "cpu") == 2
+
+
+def test_packed_attention_keeps_each_threads_batch_boundaries_apart(monkeypatch):
+    """Each part's layers read its own samples' boundaries, computed once per part: a cache
+    shared between threads could hand one part the other's (between its check and its read)
+    and made every layer of both parts compute them again."""
+    from swiftlite.training.speedups import packed_attention
+    computed = []
+    real = packed_attention._segments
+    monkeypatch.setattr(packed_attention, "_segments",
+                        lambda row: computed.append(len(row)) or real(row))
+    a, b = _row([3, 4])["position_ids"], _row([2, 2, 5])["position_ids"]
+    seen = {}
+
+    def layers(name, pos, meet):
+        for _ in range(3):
+            seen.setdefault(name, []).append(packed_attention._row_segments(pos))
+            meet.wait()
+
+    meet = threading.Barrier(2, timeout=60)
+    threads = [threading.Thread(target=layers, args=(n, p, meet)) for n, p in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen["a"] == [[[(0, 3), (3, 7)]]] * 3
+    assert seen["b"] == [[[(0, 2), (2, 4), (4, 9)]]] * 3
+    assert sorted(computed) == [7, 9]  # once per part

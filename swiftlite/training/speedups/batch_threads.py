@@ -13,10 +13,12 @@ rounding.
 
 What a forward keeps for its recompute is kept per thread (recompute.py), and LoRA dropout
 draws from a generator of each part's own, seeded from torch's default generator when the
-step begins, so a seeded run is reproducible whatever order the threads run in; a part's
-recompute takes its forward's drop positions (fused_lora.py) instead of replaying a random
-state. So only where every LoRA layer takes the fused path with fast or no dropout and the
-model has no dropout of its own (`threads` below decides).
+step begins, so a seeded run draws the same drops whatever order the threads run in (the
+parts' gradients may add in another order: with gradient accumulation or more than two parts,
+equal to float rounding, not bit for bit); a part's recompute takes its forward's drop
+positions (fused_lora.py) instead of replaying a random state. So only where every LoRA layer
+takes the fused path with fast or no dropout, nothing else draws from torch's default
+generator (the model's own dropout, NEFTune), and one process trains (`threads` decides).
 """
 from __future__ import annotations
 
@@ -51,8 +53,11 @@ def threads(model, args, device: str) -> int:
     why = None
     if device != "cpu" or args.deepspeed or world_size() > 1:
         why = "it splits a CPU process's batch (no GPU, DeepSpeed or several processes)"
-    elif args.train_type != "lora" or not _all_fused(model):
-        why = "it needs every LoRA layer on --fused_lora's path"
+    elif args.train_type != "lora" or not _all_fused(model, args):
+        why = ("it needs every LoRA layer on --fused_lora's path (adapters in the activations' "
+               "dtype)")
+    elif getattr(args, "neftune_noise_alpha", None):
+        why = "--neftune_noise_alpha draws its noise from torch's default generator"
     elif args.lora_dropout > 0 and not args.fast_dropout:
         why = "it draws LoRA dropout with --fast_dropout"
     elif _model_dropout(model):
@@ -67,10 +72,19 @@ def threads(model, args, device: str) -> int:
     return asked or 2
 
 
-def _all_fused(model) -> bool:
+def _all_fused(model, args) -> bool:
+    """Whether every LoRA layer takes the fused path in training: installed, and its adapters
+    in the activations' dtype (fp32 over a 16-bit base with --fp32_activations, else the
+    base's), as fused_lora._plain asks; peft's path would draw dropout from this thread's
+    generator where checkpointing cannot replay it."""
     from peft.tuners.lora.layer import LoraLayer
+    base = model.get_input_embeddings().weight.dtype
+    act = torch.float32 if args.fp32_activations and base in (torch.bfloat16,
+                                                              torch.float16) else base
     layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
-    return bool(layers) and all("_peft_forward" in vars(m) for m in layers)
+    return bool(layers) and all(
+        "_peft_forward" in vars(m) and all(a.weight.dtype == act for a in m.lora_A.values())
+        for m in layers)
 
 
 def _model_dropout(model) -> str | None:
@@ -80,7 +94,7 @@ def _model_dropout(model) -> str | None:
         if float(getattr(config, name, 0) or 0) > 0:
             return f"{name}={getattr(config, name)}"
     for name, m in model.named_modules():
-        if type(m) is torch.nn.Dropout and m.p > 0 and "lora_dropout" not in name:
+        if type(m) is torch.nn.Dropout and m.p > 0:  # a LoRA layer's too: global draws
             return f"{name}: p={m.p}"
     return None
 
@@ -152,9 +166,11 @@ def run(step, parts: list) -> list:
                 len(parts) - 1, thread_name_prefix="swiftlite-batch")
         futures = [pool.submit(one, i) for i in range(1, len(parts))]
     try:
-        first = one(0)
+        try:
+            first = one(0)
+        finally:
+            errors = [f.exception() for f in futures]  # waits for every part
     finally:
-        errors = [f.exception() for f in futures]  # waits for every part
         torch.set_num_threads(cores)
     for error in errors:
         if error is not None:

@@ -14,6 +14,8 @@ is handed to the stock SDPA function unchanged.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 
@@ -23,7 +25,9 @@ NAME = "sdpa_packed"
 _HAS_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa
 
 
-_LAST: list = [None, None]  # (position_ids tensor, its rows' segments): the batch in flight
+# (position_ids tensor, its rows' segments): the batch in flight in this thread (with
+# --batch_threads each part of a batch runs in a thread of its own)
+_last = threading.local()
 
 
 def _segments(position_ids: torch.Tensor) -> list[tuple[int, int]]:
@@ -38,9 +42,10 @@ def _row_segments(position_ids: torch.Tensor) -> list[list[tuple[int, int]]]:
     """_segments of each row, computed once per batch: every layer (and its recompute under
     gradient checkpointing) is given the same position_ids tensor, so the host sync of
     reading the boundaries happens once per forward, not once per layer."""
-    if _LAST[0] is not position_ids:
-        _LAST[:] = position_ids, [_segments(row) for row in position_ids]
-    return _LAST[1]
+    pair = getattr(_last, "pair", None)
+    if pair is None or pair[0] is not position_ids:
+        pair = _last.pair = (position_ids, [_segments(row) for row in position_ids])
+    return pair[1]
 
 
 def gqa_in_kernel(device_type: str, dtype: torch.dtype, capability=None) -> bool:
