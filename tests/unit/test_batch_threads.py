@@ -151,6 +151,9 @@ def test_threads_are_used_only_where_the_step_stays_the_same(tiny_qwen2, monkeyp
     assert batch_threads.threads(model, _args(batch_threads=2, neftune_noise_alpha=5.0),
                                  "cpu") == 1
     # nn.Dropout on peft's path (--fast_dropout false) draws from torch's default generator
+    model.config.output_router_logits = True  # a mixture of experts' auxiliary loss
+    assert batch_threads.threads(model, _args(batch_threads=2), "cpu") == 1
+    model.config.output_router_logits = False
     plain_dropout = _lora_model(tiny_qwen2, lora_dropout=0.1, fast_dropout=False)
     assert batch_threads.threads(plain_dropout, _args(batch_threads=2, lora_dropout=0.0),
                                  "cpu") == 1

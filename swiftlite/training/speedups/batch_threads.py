@@ -58,6 +58,8 @@ def threads(model, args, device: str) -> int:
                "dtype)")
     elif getattr(args, "neftune_noise_alpha", None):
         why = "--neftune_noise_alpha draws its noise from torch's default generator"
+    elif getattr(getattr(model, "config", None), "output_router_logits", False):
+        why = "the router's auxiliary loss is per batch, not per trained token"
     elif args.lora_dropout > 0 and not args.fast_dropout:
         why = "it draws LoRA dropout with --fast_dropout"
     elif _model_dropout(model):
