@@ -202,15 +202,14 @@ def _forward_backward(r, batch):
         loss = _forward(r, batch)
         loss.backward()
         return loss
-    from swiftlite.training.speedups import batch_threads
+    from swiftlite.training.speedups.batch_threads import train_step
     num_items = int((batch["labels"][:, 1:] != -100).sum())
 
     def part(p):
         loss = _forward(r, p, num_items)
         loss.backward()
         return loss.detach()
-    losses = batch_threads.run(part, batch_threads.split(batch, r["threads"]) or [batch])
-    return sum(losses[1:], losses[0])
+    return train_step(part, batch, r["threads"])
 
 
 def _optimizer_step(r):

@@ -60,13 +60,10 @@ def trainer_class(chunked_loss: bool):
             normalised by the whole batch's trained tokens (num_items_in_batch), so the parts'
             gradients and losses add up to the batch's; without that count the batch runs whole,
             in one part."""
-            from swiftlite.training.speedups import batch_threads
-            parts = (batch_threads.split(inputs, self.batch_threads)
-                     if num_items_in_batch is not None else None)
-            losses = batch_threads.run(
+            from swiftlite.training.speedups.batch_threads import train_step
+            return train_step(
                 lambda part: Trainer.training_step(self, model, part, num_items_in_batch),
-                parts or [inputs])
-            return sum(losses[1:], losses[0])
+                inputs, self.batch_threads if num_items_in_batch is not None else 1)
 
         def _save_checkpoint(self, model, trial):
             for guard in self._guards():

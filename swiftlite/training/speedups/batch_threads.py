@@ -62,8 +62,8 @@ def threads(model, args, device: str) -> int:
         why = "the router's auxiliary loss is per batch, not per trained token"
     elif args.lora_dropout > 0 and not args.fast_dropout:
         why = "it draws LoRA dropout with --fast_dropout"
-    elif _model_dropout(model):
-        why = f"the model has dropout of its own ({_model_dropout(model)})"
+    elif dropout := _model_dropout(model):
+        why = f"the model has dropout of its own ({dropout})"
     elif asked is None and cores < 2:
         return 1
     if why:
@@ -139,6 +139,14 @@ def split(inputs: dict, n: int) -> list[dict] | None:
             parts.append({k: torch.cat([v[:, pieces[i][1]] for i in g], dim=1)
                           for k, v in inputs.items()})
     return parts
+
+
+def train_step(step, inputs: dict, n: int):
+    """The summed loss of step(part) over `inputs` split into n parts (whole when it cannot be
+    split or n is 1), each run as `run` does; step returns its part's detached loss,
+    normalised by the whole batch's trained tokens."""
+    losses = run(step, split(inputs, n) or [inputs])
+    return sum(losses[1:], losses[0])
 
 
 def run(step, parts: list) -> list:
