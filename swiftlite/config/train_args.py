@@ -49,9 +49,9 @@ class TrainArguments:
     selective_checkpointing: Optional[bool] = arg(
         None, "LoRA with --gradient_checkpointing: keep the outputs of frozen matmuls instead of "
         "recomputing them (faster for memory per token: docs/performance.md); true: in every "
-        "layer, false: none; default: on a CPU with --fused_lora, in as many layers as fit in "
-        "half the frozen weights' memory (at most a tenth of the memory available), elsewhere "
-        "none", group="train")
+        "layer, false: none; default: on a CPU with --fused_lora over a 16-bit base, in as many "
+        "layers as fit in half the frozen weights' memory (at most a tenth of the memory "
+        "available), elsewhere none", group="train")
     keep_attention: bool = arg(True, "on a CPU with --gradient_checkpointing and "
                                "--padding_free: keep each layer's attention output from the "
                                "forward pass for the recompute instead of running attention "
@@ -86,8 +86,8 @@ class TrainArguments:
     batch_threads: Optional[int] = arg(
         None, "sft on a CPU: train each batch's samples in N threads, each on a share of the "
         "cores (the same step, less time between operators: docs/performance.md); default: 2 "
-        "on 2 or more cores where every LoRA layer is fused and the model has no dropout of its "
-        "own; 1: off", group="train")
+        "on 2 or more cores where the base is 16-bit, every LoRA layer is fused and the model "
+        "has no dropout of its own; 1: off", group="train")
     bf16_lora_matmuls: bool = arg(True, "with --fp32_activations and --fused_lora: the LoRA "
                                   "adapters' matmuls take bf16 inputs too, their results rounded "
                                   "to bf16 once (sums, weights and optimizer state stay fp32); "

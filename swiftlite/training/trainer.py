@@ -96,7 +96,11 @@ def trainer_class(chunked_loss: bool):
     class SftTrainer(NoSecretsTrainer):
         _head_ok = None  # decided at the first step, once DeepSpeed has wrapped the model
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        def _threaded_step(self, model, inputs, num_items_in_batch):
+            self._decide_head(model)  # here, not in each part's thread: one decision, one warning
+            return super()._threaded_step(model, inputs, num_items_in_batch)
+
+        def _decide_head(self, model):
             if self._head_ok is None:
                 from swiftlite.training.speedups.chunked_loss import why_unsupported
                 reason = why_unsupported(model)
@@ -104,6 +108,9 @@ def trainer_class(chunked_loss: bool):
                     from swiftlite.log import warn
                     warn(f"--chunked_loss: using the model's own loss because {reason}.")
                 self._head_ok = reason is None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            self._decide_head(model)
             if not (self._head_ok and model.training and not return_outputs
                     and "labels" in inputs and self.label_smoother is None):
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)

@@ -69,16 +69,24 @@ def test_an_error_in_any_part_is_raised_once_every_part_is_done():
     assert torch.get_num_threads() == cores and batch_threads.generator() is None
 
 
-def _threaded_step(model, batch, seed, n=2):
+def _threaded_step(model, batch, seed, n=2, first=None):
     """The Trainer's threaded step: each part's loss over the whole batch's trained tokens.
-    Returns (loss, gradients, whether every part's recompute took all its forward kept)."""
+    Returns (loss, gradients, whether every part's forward kept something for its recompute
+    and its recompute took all of it). first: the thread ("main" or "pool") whose part runs
+    whole before the other's starts."""
     num_items = int((batch["labels"][:, 1:] != -100).sum())
     model.zero_grad()
+    done = threading.Event()
 
     def part(p):
+        mine = "main" if threading.current_thread() is threading.main_thread() else "pool"
+        if first is not None and mine != first:
+            assert done.wait(timeout=60)
         loss = supervised_head_loss(model, p, num_items)  # the Trainer's (chunked) loss
+        recorded = any(kept(m) is not None for m in model.modules())
         loss.backward()
-        return loss.detach(), all(kept(m) is None for m in model.modules())
+        done.set()
+        return loss.detach(), recorded and all(kept(m) is None for m in model.modules())
 
     torch.manual_seed(seed)
     results = batch_threads.run(part, batch_threads.split(batch, n))
@@ -112,16 +120,45 @@ def test_threaded_dropout_is_seeded_and_each_recompute_takes_its_own_forwards_dr
     checkpointing (the recompute reused the forward's drop positions, drew nothing)."""
     batch = _batch(tiny_qwen2)[2]
     model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=True)
-    loss_1, grads_1, taken = _threaded_step(model, batch, seed=3)
-    loss_2, grads_2, _ = _threaded_step(model, batch, seed=3)
+    loss_1, grads_1, taken = _threaded_step(model, batch, seed=3, first="main")
+    loss_2, grads_2, _ = _threaded_step(model, batch, seed=3, first="pool")
     assert taken and loss_1 == loss_2
     _assert_close_grads(grads_1, grads_2, rtol=0)
     plain = _lora_model(tiny_qwen2, lora_dropout=0.3, gradient_checkpointing=False)
-    loss_p, grads_p, _ = _threaded_step(plain, batch, seed=3)
+    loss_p, grads_p, _ = _threaded_step(plain, batch, seed=3, first="pool")
     assert loss_p == pytest.approx(loss_1, rel=1e-6)
     _assert_close_grads(grads_p, grads_1)
     loss_4, _, _ = _threaded_step(model, batch, seed=4)
     assert loss_4 != loss_1  # another seed, other drops
+
+
+def test_a_threaded_trainer_step_decides_the_chunked_loss_once(tiny_qwen2, tmp_path,
+                                                               monkeypatch, capsys):
+    """The chunked loss is decided (and a fallback warned about) once, before the parts'
+    threads start: decided in each part's thread, a slow decision would be made, and warned
+    about, once per part. The model's own loss, threaded, is the whole batch's."""
+    import time
+
+    from transformers import TrainingArguments
+
+    from swiftlite.training.speedups import chunked_loss
+    from swiftlite.training.trainer import trainer_class
+
+    def slow_reason(model):
+        time.sleep(0.5)  # both parts would be inside the decision at once
+        return "this test says so"
+    monkeypatch.setattr(chunked_loss, "why_unsupported", slow_reason)
+    model = _lora_model(tiny_qwen2)
+    batch = _batch(tiny_qwen2)[2]
+    whole = model(**batch).loss.item()
+    trainer = trainer_class(True)(model=model, args=TrainingArguments(
+        output_dir=str(tmp_path), report_to=[], use_cpu=True))
+    trainer.batch_threads = 2
+    capsys.readouterr()
+    num_items = torch.tensor(int((batch["labels"][:, 1:] != -100).sum()))
+    loss = trainer.training_step(model, batch, num_items)
+    assert capsys.readouterr().err.count("this test says so") == 1
+    assert loss.item() == pytest.approx(whole, rel=1e-5)
 
 
 def _args(**kw):
@@ -131,22 +168,27 @@ def _args(**kw):
 def test_threads_are_used_only_where_the_step_stays_the_same(tiny_qwen2, monkeypatch, capsys):
     model = _lora_model(tiny_qwen2, lora_dropout=0.1)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    assert batch_threads.threads(model, _args(lora_dropout=0.1), "cpu") == 2
+    # an fp32 base: one thread unless asked (its step kept both cores busy already)
+    assert batch_threads.threads(model, _args(lora_dropout=0.1), "cpu") == 1
+    assert batch_threads.threads(model, _args(lora_dropout=0.1, batch_threads=2), "cpu") == 2
     assert batch_threads.threads(model, _args(batch_threads=3), "cpu") == 3
     assert batch_threads.threads(model, _args(batch_threads=1), "cpu") == 1
     one_sample = SftArguments(model="x", dataset=["x"], per_device_train_batch_size=1)
     assert batch_threads.threads(model, one_sample, "cpu") == 1
     assert batch_threads.threads(model, _args(), "cuda") == 1
+    bf16_fp32_act = _lora_model(tiny_qwen2, dtype="bfloat16", lora_dropout=0.1)
+    assert batch_threads.threads(bf16_fp32_act, _args(), "cpu") == 2  # the default
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert batch_threads.threads(model, _args(), "cpu") == 1  # one core: nothing to share
+    assert batch_threads.threads(bf16_fp32_act, _args(), "cpu") == 1  # one core: nothing to share
     assert batch_threads.threads(model, _args(batch_threads=2), "cpu") == 2  # asked for
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     peft_layers = _lora_model(tiny_qwen2, fused_lora=False)
     capsys.readouterr()
     assert batch_threads.threads(peft_layers, _args(batch_threads=2), "cpu") == 1
     assert "--batch_threads 2: one thread, because it needs every LoRA layer on " \
            "--fused_lora's path" in capsys.readouterr().err
     model.config.attention_dropout = 0.1
-    assert batch_threads.threads(model, _args(), "cpu") == 1
+    assert batch_threads.threads(model, _args(batch_threads=2), "cpu") == 1
     model.config.attention_dropout = 0.0
     assert batch_threads.threads(model, _args(batch_threads=2, neftune_noise_alpha=5.0),
                                  "cpu") == 1
@@ -161,7 +203,6 @@ def test_threads_are_used_only_where_the_step_stays_the_same(tiny_qwen2, monkeyp
     bf16 = _lora_model(tiny_qwen2, dtype="bfloat16", fp32_activations=False, lora_dropout=0.1)
     assert batch_threads.threads(bf16, _args(batch_threads=2, fp32_activations=False),
                                  "cpu") == 1
-    bf16_fp32_act = _lora_model(tiny_qwen2, dtype="bfloat16", lora_dropout=0.1)
     assert batch_threads.threads(bf16_fp32_act, _args(batch_threads=2), "cpu") == 2
 
 

@@ -238,7 +238,7 @@ def test_selective_checkpointing_within_a_budget_keeps_the_layers_that_fit(tiny_
     longer = collator(tok, True)([dict(s) for s in samples + samples])
     shorter = collator(tok, True)([dict(samples[0])])
     plain = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=False)
-    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=None)
+    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=True)
     tokens = batch["input_ids"].numel()
     _budget(model).limit = int(1.5 * _layer_bytes_per_token(model) * tokens)
     for b, kept_layers in ((batch, 1), (longer, 0), (shorter, LAYERS), (batch, 1)):
@@ -263,7 +263,7 @@ def test_an_output_kept_in_a_forward_without_backward_never_reaches_a_later_reco
     budget spent) must recompute, not take those: its gradients equal plain checkpointing's."""
     batch = _batch(tiny_qwen2)[2]
     plain = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=False)
-    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=None)
+    model = _lora_model(tiny_qwen2, lora_dropout=0.3, selective_checkpointing=True)
     _budget(model).limit = None  # every layer keeps
     torch.manual_seed(5)
     model(**batch).loss  # kept, never back-propagated
@@ -275,29 +275,33 @@ def test_an_output_kept_in_a_forward_without_backward_never_reaches_a_later_reco
 
 
 def test_selective_checkpointing_default_budget_and_choices(tiny_qwen2, capsys):
-    """Not given: on a CPU with fused LoRA layers, a budget of half the frozen weights' bytes
-    (at most a tenth of the memory available), said in the log; true: every layer; false, a
-    GPU or peft's layers: none (torch's policy only when asked for)."""
+    """Not given: on a CPU with fused LoRA layers over a 16-bit base, a budget of half the
+    frozen weights' bytes (at most a tenth of the memory available), said in the log; over an
+    fp32 base (twice the memory already), none; true: every layer; false, a GPU or peft's
+    layers: none (torch's policy only when asked for)."""
     import psutil
 
     from swiftlite.models.loader import load_model
     from swiftlite.training import speedups
-    base = load_model(tiny_qwen2, "float32")
+    base = load_model(tiny_qwen2, "bfloat16")
     weights = sum(p.numel() * p.element_size() for p in base.parameters())
-    for asked, device, fused, selective, budget in (
-            (None, "cpu", True, True, min(weights // 2, psutil.virtual_memory().available // 10)),
-            (True, "cpu", True, True, None), (False, "cpu", True, False, None),
-            (None, "cuda", True, False, None), (None, "cpu", False, False, None),
-            ("no checkpointing", "cpu", True, False, None)):
+    fp32 = load_model(tiny_qwen2, "float32")
+    for model, asked, device, fused, selective, budget in (
+            (base, None, "cpu", True, True,
+             min(weights // 2, psutil.virtual_memory().available // 10)),
+            (fp32, None, "cpu", True, False, None), (fp32, True, "cpu", True, True, None),
+            (base, True, "cpu", True, True, None), (base, False, "cpu", True, False, None),
+            (base, None, "cuda", True, False, None), (base, None, "cpu", False, False, None),
+            (base, "no checkpointing", "cpu", True, False, None)):
         checkpointing = asked != "no checkpointing"
         args = SftArguments(model="x", dataset=["x"], fused_lora=fused,
                             selective_checkpointing=asked if checkpointing else None,
                             gradient_checkpointing=checkpointing)
-        p = speedups.plan(base, args, device)
-        assert p.selective_checkpointing == selective, (asked, device, fused)
+        p = speedups.plan(model, args, device)
+        assert p.selective_checkpointing == selective, (asked, device, fused, model.dtype)
         # the memory available moves a little between the two reads
         assert p.keep_budget == (budget and pytest.approx(budget, rel=0.05)), asked
-    _lora_model(tiny_qwen2, selective_checkpointing=None)
+    _lora_model(tiny_qwen2, dtype="bfloat16", selective_checkpointing=None)
     assert "frozen matmul outputs kept in the layers that fit in" in capsys.readouterr().err
 
 
@@ -311,7 +315,7 @@ def test_the_budget_starts_again_each_forward_whatever_layers_lora_covers(tiny_q
     batch = _batch(tiny_qwen2)[2]
     targets = [r".*layers\.0\.self_attn\.v_proj|.*layers\.1\.self_attn\.(q|k|v)_proj"]
     models = {}
-    for asked in (False, None):
+    for asked in (False, True):
         torch.manual_seed(0)
         args = SftArguments(model="x", dataset=["x"], lora_dropout=0.3, target_modules=targets,
                             selective_checkpointing=asked)
@@ -321,7 +325,7 @@ def test_the_budget_starts_again_each_forward_whatever_layers_lora_covers(tiny_q
                 torch.nn.init.normal_(p, std=0.05)
         model.train()
         models[asked] = model
-    model = models[None]
+    model = models[True]
     assert _decisions(model) == [False]  # one decoder layer keeps: q and k of layer 1
     per_forward = _layer_bytes_per_token(model) * batch["input_ids"].numel()
     budget = _budget(model)

@@ -82,7 +82,10 @@ def plan(model, args, device: str) -> Plan:
                  "fast_dropout stay on")
         fused = selective = fp32_act = False
     budget = None
-    if args.selective_checkpointing is None and fused and args.gradient_checkpointing:
+    # Not with an fp32 base: its weights take twice the memory already, and kept outputs on top
+    # broke the memory goal on an AVX2-only CPU (docs/performance.md)
+    if (args.selective_checkpointing is None and fused and args.gradient_checkpointing
+            and first.element_size() < 4):
         selective, budget = True, keep_budget(model)
     bf16_lora = fused and fp32_act and args.bf16_lora_matmuls
     if bf16_lora and "amx_bf16" in cpu_flags():
@@ -108,7 +111,8 @@ def plan(model, args, device: str) -> Plan:
 
 def keep_budget(model) -> int:
     """Bytes of frozen matmul outputs one forward keeps when --selective_checkpointing is not
-    given (fused LoRA layers): half the frozen weights' memory, so the run stays lean
+    given (fused LoRA layers over a 16-bit base): half the frozen weights' memory, so the run
+    stays lean
     (docs/performance.md has what it costs and buys), and at most a tenth of the memory
     available now."""
     import psutil
