@@ -314,6 +314,7 @@ def test_the_converter_merges_the_adapter_as_merge_lora_does(swifty_f16, smollm2
     assert [k for k in mine if not np.array_equal(mine[k], theirs[k])] == []
 
 
+@pytest.mark.slow  # a llama.cpp conversion: not for the inner loop
 @needs_llamacpp
 @pytest.mark.parametrize("model", ["tiny_qwen2", "smollm2"])
 def test_the_converter_under_swiftlite_writes_what_it_writes_alone(model, request, tmp_path):
@@ -331,6 +332,7 @@ def test_the_converter_under_swiftlite_writes_what_it_writes_alone(model, reques
     assert (tmp_path / "alone.gguf").read_bytes() == (tmp_path / "child.gguf").read_bytes()
 
 
+@pytest.mark.slow  # a llama.cpp conversion: not for the inner loop
 @needs_llamacpp
 def test_an_adapter_the_converter_cannot_merge_is_merged_into_a_folder_first(tiny_qwen2,
                                                                            tmp_path):
@@ -500,6 +502,7 @@ def test_refusals_leave_everything_as_it_was(tiny_qwen2, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["lost", "odd", "theirs"]
 
 
+@pytest.mark.slow  # a llama.cpp conversion: not for the inner loop
 @needs_llamacpp
 def test_a_disk_that_fills_during_the_write_says_so_and_leaves_nothing(tiny_qwen2, tmp_path):
     """The converter's write fails for want of space: exit 1 with a sentence, no traceback, no

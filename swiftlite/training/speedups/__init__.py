@@ -85,7 +85,7 @@ def plan(model, args, device: str) -> Plan:
     # Not with an fp32 base: its weights take twice the memory already, and kept outputs on top
     # broke the memory goal on an AVX2-only CPU (docs/performance.md)
     if (args.selective_checkpointing is None and fused and args.gradient_checkpointing
-            and first.element_size() < 4):
+            and base_is_16_bit(model)):
         selective, budget = True, keep_budget(model)
     bf16_lora = fused and fp32_act and args.bf16_lora_matmuls
     if bf16_lora and "amx_bf16" in cpu_flags():
@@ -109,12 +109,18 @@ def plan(model, args, device: str) -> Plan:
         onednn_fp32=args.onednn_fp32 and device == "cpu" and str(first.dtype) == "torch.float32")
 
 
+def base_is_16_bit(model) -> bool:
+    """Whether the frozen base is stored in bf16 or fp16 (its first parameter's dtype: a causal
+    LM's input embeddings): the defaults that keep more per step are for such a base only
+    (docs/performance.md)."""
+    return next(model.parameters()).element_size() == 2
+
+
 def keep_budget(model) -> int:
     """Bytes of frozen matmul outputs one forward keeps when --selective_checkpointing is not
     given (fused LoRA layers over a 16-bit base): half the frozen weights' memory, so the run
-    stays lean
-    (docs/performance.md has what it costs and buys), and at most a tenth of the memory
-    available now."""
+    stays lean (docs/performance.md has what it costs and buys), and at most a tenth of the
+    memory available now."""
     import psutil
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     return min(weights // 2, psutil.virtual_memory().available // 10)

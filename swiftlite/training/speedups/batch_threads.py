@@ -47,6 +47,7 @@ def threads(model, args, device: str) -> int:
     the asked-for split is not possible. Default: 2 on a CPU with 2 cores or more, over a
     16-bit base."""
     from swiftlite.runtime.distributed import world_size
+    from swiftlite.training.speedups import base_is_16_bit
     asked = args.batch_threads
     if asked == 1 or (args.per_device_train_batch_size < 2 and not args.packing):
         return 1  # one sample a batch: nothing to split
@@ -65,7 +66,7 @@ def threads(model, args, device: str) -> int:
         why = "it draws LoRA dropout with --fast_dropout"
     elif dropout := _model_dropout(model):
         why = f"the model has dropout of its own ({dropout})"
-    elif asked is None and (cores < 2 or model.get_input_embeddings().weight.element_size() > 2):
+    elif asked is None and (cores < 2 or not base_is_16_bit(model)):
         return 1  # an fp32 base's step kept both cores busy already (docs/performance.md)
     if why:
         if asked is not None:
