@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 # venvs, minutes of CPU on 2 cores, of which the suite imports a few thousand (Python compiles
 # those as it first imports them). pip reads PIP_NO_COMPILE as the option's value: 0 is
 # --no-compile. A user's `bash scripts/setup.sh` compiles everything, for a short first start.
+# Python must then be free to keep what it compiles: under PYTHONDONTWRITEBYTECODE every process
+# of the suite would compile every module it imports again.
 export PIP_NO_COMPILE=0
+unset PYTHONDONTWRITEBYTECODE
 # Three installs that need nothing of each other run at once, each logging to a file shown
 # when it ends: llama.cpp (converter, runtime, quantizer) for the export tests, built from source
 # once per machine (about two minutes on 2 cores; SWIFTLITE_SKIP_LLAMACPP=1 leaves it out);
