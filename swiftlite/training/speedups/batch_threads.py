@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from swiftlite.training.speedups import base_is_16_bit
+
 _local = threading.local()
 _pools: dict[int, ThreadPoolExecutor] = {}
 
@@ -47,7 +49,6 @@ def threads(model, args, device: str) -> int:
     the asked-for split is not possible. Default: 2 on a CPU with 2 cores or more, over a
     16-bit base."""
     from swiftlite.runtime.distributed import world_size
-    from swiftlite.training.speedups import base_is_16_bit
     asked = args.batch_threads
     if asked == 1 or (args.per_device_train_batch_size < 2 and not args.packing):
         return 1  # one sample a batch: nothing to split
@@ -82,9 +83,8 @@ def _all_fused(model, args) -> bool:
     base's), as fused_lora._plain asks; peft's path would draw dropout from this thread's
     generator where checkpointing cannot replay it."""
     from peft.tuners.lora.layer import LoraLayer
-    base = model.get_input_embeddings().weight.dtype
-    act = torch.float32 if args.fp32_activations and base in (torch.bfloat16,
-                                                              torch.float16) else base
+    base = next(model.parameters()).dtype  # base_is_16_bit's parameter
+    act = torch.float32 if args.fp32_activations and base_is_16_bit(model) else base
     layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
     return bool(layers) and all(
         "_peft_forward" in vars(m) and all(a.weight.dtype == act for a in m.lora_A.values())
