@@ -2,6 +2,7 @@
 the meta-device model that every named module (or the regex) matches, before any weights load."""
 from __future__ import annotations
 
+import functools
 import re
 
 ALL_LINEAR = "all-linear"  # peft's shorthand: every linear layer except the output layer
@@ -75,9 +76,20 @@ def check_target_modules(model, targets) -> None:
 
 def saved(module_name: str, modules_to_save) -> bool:
     """Whether peft trains a full copy of the module named `module_name` for these
-    --modules_to_save entries: its full name ends with one of them, no dot needed ("norm" also
-    names every input_layernorm)."""
+    --modules_to_save entries, matched as the installed peft matches them: from peft 0.22 the
+    name is an entry or ends with "." and an entry ("norm" is the final norm only); before, it
+    ends with an entry, no dot needed ("norm" also named every input_layernorm)."""
+    if _peft_matches_whole_names():
+        return any(module_name == t or module_name.endswith("." + t) for t in modules_to_save)
     return any(module_name.endswith(t) for t in modules_to_save)
+
+
+@functools.cache
+def _peft_matches_whole_names() -> bool:
+    from importlib.metadata import version
+
+    from packaging.version import Version
+    return Version(version("peft")).release >= (0, 22)
 
 
 def check_modules_to_save(model, names) -> None:

@@ -56,8 +56,8 @@ def _saves_embedding_or_head(model, modules_to_save) -> bool:
 
 def describe(config, model=None) -> str:
     """The variants in use, for the log line of prepare_model ("" for plain LoRA); with the
-    peft `model`, how many modules --modules_to_save trains whole (peft matches every module
-    whose name ends with an entry: "norm" is every norm)."""
+    peft `model`, how many modules --modules_to_save trains whole (peft's matching of the
+    entries changed in 0.22: models.targets.saved)."""
     parts = [name for name, on in (("DoRA", config.use_dora), ("rsLoRA", config.use_rslora),
                                    ("lora_bias", config.lora_bias)) if on]
     if config.init_lora_weights is not True:

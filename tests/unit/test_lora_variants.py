@@ -37,6 +37,10 @@ VARIANTS = {
 ASIDE = {"dora-rslora-gaussian", "lora_bias-modules_to_save"}  # fused LoRA steps aside
 
 
+# Every norm of a 2-layer model (5 modules), named so under any peft: 0.22 stopped matching "norm"
+# to input_layernorm (models.targets.saved).
+NORMS = ["norm", "input_layernorm", "post_attention_layernorm"]
+
 def _args(**kw) -> SftArguments:
     return SftArguments(model="x", dataset=["x"], lora_dropout=0.0, **kw)
 
@@ -153,8 +157,9 @@ def test_modules_to_save_learn_on_a_16_bit_base(tiny_qwen25, capfd):
     from swiftlite.training.tuners import prepare_model
     _, _, batch = _batch(tiny_qwen25)
     model = prepare_model(load_model(tiny_qwen25, "bfloat16"),
-                          _args(modules_to_save=["norm"])).train()
-    assert "modules_to_save norm: 5 modules trained whole in fp32" in capfd.readouterr().err
+                          _args(modules_to_save=NORMS)).train()
+    assert (f"modules_to_save {' '.join(sorted(NORMS))}: 5 modules trained whole in fp32"
+            in capfd.readouterr().err)
     copies = {n: p for n, p in model.named_parameters() if "modules_to_save" in n}
     originals = {n: p for n, p in model.named_parameters() if "original_module" in n}
     assert len(copies) == len(originals) == 5
@@ -173,7 +178,7 @@ def test_modules_to_save_learn_on_a_16_bit_base(tiny_qwen25, capfd):
     # bf16 activations without autocast (--fp32_activations false on a CPU): fp32 copies would
     # hand fp32 to the bf16 layers after them, so they stay bf16, and the log says why
     model = prepare_model(load_model(tiny_qwen25, "bfloat16"),
-                          _args(modules_to_save=["norm"], fp32_activations=False)).train()
+                          _args(modules_to_save=NORMS, fp32_activations=False)).train()
     assert "the copies train in bf16" in capfd.readouterr().err
     assert {p.dtype for n, p in model.named_parameters() if p.requires_grad} == {
         torch.float32, torch.bfloat16}  # the LoRA weights (peft's own upcast) and the copies
@@ -189,7 +194,7 @@ def test_fp32_copies_load_back_exactly_and_deepspeed_on_a_gpu_keeps_its_own(tiny
     only the decision is checked; the GPU run itself needs a GPU)."""
     from swiftlite.models.loader import load_model
     from swiftlite.training.tuners import prepare_model
-    model = prepare_model(load_model(tiny_qwen25, "bfloat16"), _args(modules_to_save=["norm"]))
+    model = prepare_model(load_model(tiny_qwen25, "bfloat16"), _args(modules_to_save=NORMS))
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "modules_to_save" in n:
@@ -202,7 +207,7 @@ def test_fp32_copies_load_back_exactly_and_deepspeed_on_a_gpu_keeps_its_own(tiny
     assert loaded.keys() == saved.keys()
     assert all(torch.equal(loaded[n], saved[n]) for n in saved)
     on_gpu = prepare_model(load_model(tiny_qwen25, "bfloat16"),
-                           _args(modules_to_save=["norm"], deepspeed="zero2"), device="cuda")
+                           _args(modules_to_save=NORMS, deepspeed="zero2"), device="cuda")
     assert {p.dtype for n, p in on_gpu.named_parameters() if "modules_to_save" in n} == {
         torch.bfloat16}
 
@@ -325,8 +330,8 @@ def test_variants_in_the_web_ui_and_the_estimate(tiny_qwen25):
     assert dora.dora_outputs_per_layer == outputs
     saved = model_spec(name, config, modules_to_save=["embed_tokens", "lm_head"])  # tied: one
     assert saved.trainable_params - plain.trainable_params == config["vocab_size"] * h
-    # peft's own matching: a module whose name ends with the entry, no dot needed ("norm" trains
-    # the final norm and every input/post-attention layernorm).
+    # peft's own matching, which 0.22 changed: "norm" was the final norm and every
+    # input/post-attention layernorm (a name ending with the entry), and is now the final norm.
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -337,7 +342,9 @@ def test_variants_in_the_web_ui_and_the_estimate(tiny_qwen25):
     peft_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert model_spec(name, config, modules_to_save=["norm"]).trainable_params == peft_trainable
     from swiftlite.training.lora_variants import describe  # and the run log says how many
-    assert (f"modules_to_save norm: {2 * layers + 1} modules trained whole"
+    from swiftlite.models.targets import _peft_matches_whole_names
+    copies = 1 if _peft_matches_whole_names() else 2 * layers + 1
+    assert (f"modules_to_save norm: {copies} module{'s' * (copies > 1)} trained whole"
             in describe(peft_model.peft_config["default"], peft_model))
     rows = run(EstimateArguments(model=tiny_qwen25, use_dora=True, gpus=2))["rows"]
     assert [r["stage"] for r in rows if r["stage"].startswith("zero3")] == []
