@@ -41,6 +41,7 @@ ASIDE = {"dora-rslora-gaussian", "lora_bias-modules_to_save"}  # fused LoRA step
 # to input_layernorm (models.targets.saved).
 NORMS = ["norm", "input_layernorm", "post_attention_layernorm"]
 
+
 def _args(**kw) -> SftArguments:
     return SftArguments(model="x", dataset=["x"], lora_dropout=0.0, **kw)
 
@@ -342,8 +343,7 @@ def test_variants_in_the_web_ui_and_the_estimate(tiny_qwen25):
     peft_trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert model_spec(name, config, modules_to_save=["norm"]).trainable_params == peft_trainable
     from swiftlite.training.lora_variants import describe  # and the run log says how many
-    from swiftlite.models.targets import _peft_matches_whole_names
-    copies = 1 if _peft_matches_whole_names() else 2 * layers + 1
+    copies = (peft_trainable - plain.trainable_params) // h  # peft's own count: a norm is h
     assert (f"modules_to_save norm: {copies} module{'s' * (copies > 1)} trained whole"
             in describe(peft_model.peft_config["default"], peft_model))
     rows = run(EstimateArguments(model=tiny_qwen25, use_dora=True, gpus=2))["rows"]
