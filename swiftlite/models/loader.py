@@ -1,9 +1,25 @@
 """Load a tokenizer and a causal LM from a local folder, in the dtype training needs."""
 from __future__ import annotations
 
+import copy
 import os
+import threading
+from collections import OrderedDict
 
 from swiftlite.errors import UsageError
+
+# One process often loads the same tokenizer again: the Python API (sft, then merge, infer,
+# eval), the Web-UI, the test suite. Reading a vocabulary (transformers parses tokenizer.json,
+# the tokenizers library builds its Rust backend) is the slow part of a load, so each folder's
+# is read once per state of its files and shared, read-only as swiftlite uses it; every caller
+# still gets a tokenizer object of its own (tests/unit/test_tokenizer_reuse.py).
+_LOADED: OrderedDict = OrderedDict()
+_KEEP = 4  # vocabularies held: a few models at a time (a base, its checkpoints, a comparison)
+_LOADED_LOCK = threading.Lock()
+# The attributes that hold the vocabulary: the Rust backend and, for the classes transformers
+# builds from vocab and merges (Qwen2Tokenizer), its Python copies of them.
+_VOCABULARY = ("_tokenizer", "_vocab", "_merges")
+_WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
 
 
 def load_tokenizer(model_dir: str, trust_remote_code: bool = False, *, torch_free: bool = False):
@@ -12,6 +28,49 @@ def load_tokenizer(model_dir: str, trust_remote_code: bool = False, *, torch_fre
     PreTrainedTokenizerFast, which does not import torch as AutoTokenizer does (it reads the
     model's configuration); the same template, tokens and special tokens for the Qwen2/Qwen3
     and SmolLM2 families (tests/unit/test_templates.py)."""
+    key = None if trust_remote_code else _files_state(model_dir, torch_free)
+    with _LOADED_LOCK:
+        tok = _LOADED.get(key) if key else None
+        if tok is not None:
+            _LOADED.move_to_end(key)
+    if tok is None:
+        tok = _read_tokenizer(model_dir, trust_remote_code, torch_free)
+        if key is None or not _shareable(tok):
+            return tok
+        with _LOADED_LOCK:
+            _LOADED[key] = tok
+            while len(_LOADED) > _KEEP:
+                _LOADED.popitem(last=False)
+    return _own_copy(tok)
+
+
+def _files_state(model_dir: str, torch_free: bool):
+    """What a load of model_dir reads, as a key: the folder and each file's name, size and
+    modification time (weights aside); None for what is not a local folder."""
+    real = os.path.realpath(model_dir)
+    if not os.path.isdir(real):
+        return None
+    files = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in os.scandir(real)
+                   if e.is_file() and not e.name.endswith(_WEIGHTS))
+    return real, tuple(files), torch_free
+
+
+def _shareable(tok) -> bool:
+    from tokenizers import Tokenizer
+    return isinstance(getattr(tok, "_tokenizer", None), Tokenizer)
+
+
+def _own_copy(tok):
+    """A tokenizer over the same vocabulary whose settings (chat template, pad token, padding
+    side, special tokens) are its own. The tokenizers library sets padding and truncation on the
+    vocabulary for each call that asks for them, so callers taking turns do not see each other's."""
+    own = copy.copy(tok)
+    own.__dict__.update({k: copy.deepcopy(v) for k, v in vars(tok).items()
+                         if k not in _VOCABULARY})
+    return own
+
+
+def _read_tokenizer(model_dir: str, trust_remote_code: bool, torch_free: bool):
     if torch_free and not trust_remote_code and os.path.exists(
             os.path.join(model_dir, "tokenizer.json")):
         from transformers import PreTrainedTokenizerFast as AutoTokenizer
