@@ -351,6 +351,7 @@ def test_first_loss_is_ln2_when_the_adapter_init_moves_the_base(pairs_jsonl, tmp
                       per_device_train_batch_size=2).validate()
 
 
+@pytest.mark.slow
 def test_resume_matches_uninterrupted(dpo_run, pairs_jsonl, tmp_path):
     import swiftlite
     resumed = swiftlite.rlhf(dataset=[pairs_jsonl], max_steps=8, save_steps=4,
@@ -395,7 +396,7 @@ def test_qwen25_and_qwen3_templates_train(model, pairs_jsonl, tmp_path):
     assert rows[-1]["rewards/margins"] > 0
 
 
-@pytest.mark.parametrize("rlhf_type", ["dpo", "kto"])
+@pytest.mark.parametrize("rlhf_type", ["dpo", pytest.param("kto", marks=pytest.mark.slow)])
 def test_streaming_pairs(rlhf_type, pairs_jsonl, tmp_path):
     """--streaming reads, checks and encodes pairs (KTO: split into labelled rows) as training
     consumes them; a bad row is named by file:line when training reaches it."""

@@ -60,6 +60,7 @@ def test_vllm_gets_the_trained_setting_as_its_template_default(thinking_off, tmp
     assert rendered.endswith(EMPTY_THINK)
 
 
+@pytest.mark.slow
 def test_merge_and_export_keep_it(thinking_off, tmp_path):
     from swiftlite.config.arguments import MergeArguments
     from swiftlite.export.modelfile import go_template

@@ -19,6 +19,15 @@ needs_bf16_units = pytest.mark.skipif(
                                f"{' '.join(CPU_BF16_FLAGS)}), at about 1/100 of its fp32 rate; "
                                "swiftlite trains in fp32 here")
 BF16_CPU_TRAINING = pytest.param("bfloat16", marks=needs_bf16_units, id="bfloat16")
+# Short bf16 checks (a forward and backward or two) run everywhere; where bf16 is emulated they
+# take tens of seconds instead of a few, so there they belong to the full suite, not the fast tier.
+BF16_MATH = pytest.param("bfloat16", marks=() if cpu_has_bf16() else pytest.mark.slow,
+                         id="bfloat16")
+
+
+def slow_bf16_math(test):
+    """A test of bf16 arithmetic: in the fast tier only where bf16 is not emulated."""
+    return test if cpu_has_bf16() else pytest.mark.slow(test)
 
 
 # vLLM lives in a venv of its own (scripts/setup_vllm.sh; CI makes it).

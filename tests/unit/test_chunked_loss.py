@@ -7,10 +7,11 @@ import pytest
 import torch
 
 
+from helpers.marks import BF16_MATH
 from helpers.speedups import _assert_close_grads, _grads, _lora_model, _run, _samples
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", BF16_MATH])
 def test_chunked_loss_equals_model_loss(tiny_qwen2, dtype):
     """supervised_head_loss = the model's own loss, same LoRA gradients, on a packed batch;
     several chunks are forced so the chunk boundaries are exercised."""
@@ -38,7 +39,7 @@ def test_chunked_loss_equals_model_loss(tiny_qwen2, dtype):
     assert scaled.item() == pytest.approx(plain.item() / 3, rel=tol)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", BF16_MATH])
 def test_chunked_loss_trains_a_tied_head(tiny_qwen2, dtype):
     """Full fine-tuning: the (tied) LM head weight gets the same gradient as the plain path,
     also from bf16 weights (bf16 products accumulated in fp32)."""

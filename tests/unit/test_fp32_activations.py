@@ -8,9 +8,11 @@ import torch
 
 from swiftlite.config.arguments import SftArguments
 
+from helpers.marks import slow_bf16_math
 from helpers.speedups import _batch, _lora_model
 
 
+@slow_bf16_math
 def test_cpu_mixed_precision_keeps_trainables_fp32(tiny_qwen2):
     """--torch_dtype bfloat16 on CPU: frozen base weights bf16, LoRA weights fp32 (so AdamW's
     state is fp32 too), activations fp32 (--fp32_activations, default) so the LoRA sums are not

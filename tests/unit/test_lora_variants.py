@@ -12,6 +12,7 @@ import torch
 
 from swiftlite.config.arguments import SftArguments
 
+from helpers.marks import slow_bf16_math
 from helpers.speedups import _assert_close_grads, _batch, _grads
 
 
@@ -149,6 +150,7 @@ def test_smollm2_variants_equal_plain_peft(smollm2):
     _assert_close_grads(plain_grads, grads)
 
 
+@slow_bf16_math
 def test_modules_to_save_learn_on_a_16_bit_base(tiny_qwen25, capfd):
     """A bf16 base (--torch_dtype auto on a bf16 CPU or GPU): peft copies the --modules_to_save
     modules in the base's dtype, where AdamW's steps on a weight near 1 (1e-4 at lr 1e-4) are

@@ -145,6 +145,7 @@ TRUNCATING = dict(model="tiny-qwen2.5", max_steps=1, per_device_train_batch_size
                   report_to="none", load_from_cache_file=False)
 
 
+@pytest.mark.slow
 def test_a_run_that_cut_end_of_turn_tokens_is_named_by_merge_and_deploy(cut_rows, tmp_path, capfd):
     """sft counts the samples whose end-of-turn token truncation cut, and records the count;
     merge-lora and deploy say so before they start; a run that lost none stays silent."""
