@@ -205,7 +205,10 @@ def test_vllm_backend_missing_or_misused_says_what_to_do(tiny_qwen2, tmp_path):
     assert "vLLM is not installed" in r.stderr and "--vllm_python" in r.stderr
     r = run_cli("deploy", "--model", "tiny-qwen2", "--infer_backend", "vllm", "--vllm_python",
                 sys.executable, check=False)
-    assert r.returncode == 2 and "vLLM does not import there" in r.stderr
+    assert r.returncode == 2 and "vLLM is not installed there" in r.stderr
+    r = run_cli("deploy", "--model", "tiny-qwen2", "--infer_backend", "vllm", "--vllm_python",
+                str(tmp_path / "no-such-python"), check=False)
+    assert r.returncode == 2 and "cannot run it" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("deploy", "--model", "tiny-qwen2", "--tensor_parallel_size", "2",
                 "--max_model_len", "512", check=False)
     assert r.returncode == 2 and "--tensor_parallel_size needs --infer_backend vllm" in r.stderr

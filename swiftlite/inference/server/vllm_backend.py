@@ -34,14 +34,22 @@ from swiftlite.log import info
 _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+_HAS_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+
+
 def find_python(explicit: str | None) -> str:
     """The interpreter that has vLLM; UsageError saying how to get one if none has."""
     explicit = explicit or os.environ.get("SWIFTLITE_VLLM_PYTHON")
     if explicit:
-        ok = subprocess.run([explicit, "-c", "import vllm"], capture_output=True, text=True)
+        # Looked up, not imported: importing vLLM takes seconds of CPU, and the server started
+        # next imports it anyway (a broken install then ends it, its log's tail shown).
+        try:
+            ok = subprocess.run([explicit, "-c", _HAS_VLLM], capture_output=True, text=True)
+        except OSError as e:
+            raise UsageError(f"--vllm_python {explicit}: cannot run it ({e.strerror}).") from None
         if ok.returncode != 0:
-            raise UsageError(f"--vllm_python {explicit}: vLLM does not import there "
-                             f"({(ok.stderr.strip().splitlines() or ['not found'])[-1]}).")
+            raise UsageError(f"--vllm_python {explicit}: vLLM is not installed there "
+                             f"({(ok.stderr.strip().splitlines() or ['no module vllm'])[-1]}).")
         return explicit
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
