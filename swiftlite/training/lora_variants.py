@@ -125,6 +125,19 @@ def warn_unmergeable_bias(model, config) -> None:
              "with --infer_backend pt), unless --target_modules names layers with a bias")
 
 
+def quiet_bias_shape_warning(model, config) -> None:
+    """peft checks at every save that the lora_A/lora_B tensors are 2-D (a 1-D one: ZeRO-3 or
+    FSDP shards saved ungathered) and counts --lora_bias's lora_B biases among them, 1-D as every
+    bias is. Its warning is dropped when what it counts is exactly this model's biases."""
+    if not config.lora_bias:
+        return
+    import warnings
+    biases = sum(1 for name, _ in model.named_parameters()
+                 if ".lora_B." in name and name.endswith(".bias"))
+    warnings.filterwarnings("ignore", message=rf"Adapter '[^']*': {biases} LoRA tensor\(s\) "
+                                              r"have invalid shape: \S+\.lora_B\.bias:")
+
+
 def mutated_init(config) -> bool:
     """A peft LoraConfig's init is PiSSA/OLoRA (config.tuner_args.MUTATED_INIT)."""
     from swiftlite.config.tuner_args import MUTATED_INIT

@@ -44,6 +44,7 @@ def prepare_model(model, args, device: str | None = None, adapter: str | None = 
             from swiftlite.errors import UsageError
             raise UsageError(f"--target_modules {' '.join(args.target_modules)}: {e}") from None
         lora_variants.warn_unmergeable_bias(model, config)
+        lora_variants.quiet_bias_shape_warning(model, config)
         if lora_variants.mutated_init(config):
             lora_variants.save_converted(model)
     # DeepSpeed on a GPU casts the model to its 16-bit dtype itself, with fp32 master weights
