@@ -1,19 +1,17 @@
-"""Build DeepSpeed's CPU ops ahead of their first use (scripts/test.sh runs it).
+"""Build DeepSpeed's CPU op ahead of its first use (scripts/test.sh runs it).
 
-DeepSpeed compiles them just in time with ninja and g++ and caches them under
-~/.cache/torch_extensions: CPU Adam (ZeRO offload, `offload_optimizer: cpu`) and the
-shared-memory all-reduce of its CPU accelerator. A run that needs one builds it at its first
-step otherwise. Run with the venv's bin first on PATH: the cache is keyed by ninja's hash of
-the command, which differs between ninja versions. The two build at once, one process each
-(each is one compiler process, and a host has at least two cores).
+DeepSpeed compiles CPU Adam (ZeRO offload, `offload_optimizer: cpu`) just in time with ninja
+and g++ and caches it under ~/.cache/torch_extensions; a run that needs it builds it before
+its model loads otherwise. Run with the venv's bin first on PATH: the cache is keyed by
+ninja's hash of the command, which differs between ninja versions. (swiftlite never loads the
+other op DeepSpeed builds on a CPU, its shared-memory all-reduce.)
 
   python scripts/build_deepspeed_ops.py [BuilderName]
 """
-import subprocess
 import sys
 import time
 
-OPS = ("CPUAdamBuilder", "ShareMemCommBuilder")
+OPS = ("CPUAdamBuilder",)
 
 
 def build(name: str) -> None:
@@ -24,10 +22,7 @@ def build(name: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        build(sys.argv[1])
-    else:
-        from swiftlite.runtime.build_locks import clear_stale
-        clear_stale()  # a lock left by a killed build (an interrupted setup) would hang both
-        builds = [subprocess.Popen([sys.executable, __file__, name]) for name in OPS]
-        sys.exit(max(b.wait() for b in builds))
+    from swiftlite.runtime.build_locks import clear_stale
+    clear_stale()  # a lock left by a killed build (an interrupted setup) would hang it
+    for name in sys.argv[1:] or OPS:
+        build(name)

@@ -53,12 +53,12 @@ export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=Fa
 # The venv's tools first, as in an activated venv (DeepSpeed finds the venv's ninja, whose
 # command hash keys its cache of built ops).
 export PATH="$PWD/.venv/bin:$PATH"
-# DeepSpeed JIT-builds two CPU ops on first use and caches them under ~/.cache/torch_extensions:
-# CPU Adam (offload_optimizer: cpu) and its shared-memory all-reduce. Built here, with the rest
-# of the setup, so that the suite's time is the tests'.
+# DeepSpeed JIT-builds CPU Adam (offload_optimizer: cpu) on first use and caches it under
+# ~/.cache/torch_extensions. Built here, with the rest of the setup, so that the suite's time is
+# the tests'.
 .venv/bin/python scripts/build_deepspeed_ops.py \
-  || echo "DeepSpeed's CPU ops did not build here: the first DeepSpeed tests will try again"
-echo "setup: DeepSpeed's CPU ops done at ${SECONDS} s"
+  || echo "DeepSpeed's CPU Adam did not build here: the first offload test will try again"
+echo "setup: DeepSpeed's CPU Adam done at ${SECONDS} s"
 finished apt "the browser, allocator and Modelfile tests will fail or skip"
 finished vllm "the vLLM tests will skip"
 finished llamacpp "the GGUF export tests will skip"

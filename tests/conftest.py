@@ -33,8 +33,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("WANDB_DISABLED", "true")
 # The venv's tools first, as in an activated venv: DeepSpeed JIT-builds its CPU ops with the
 # `ninja` it finds on PATH, and the venv's (1.13) and Debian's (1.11) log a command under
-# different hashes, so tests alternating between them rebuilt CPU Adam (70-90 s) and the shm
-# communication op (50 s) each time.
+# different hashes, so tests alternating between them rebuilt CPU Adam (70-90 s) each time.
 _BIN = os.path.dirname(sys.executable)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = _BIN + os.pathsep + os.environ.get("PATH", "")

@@ -1,12 +1,11 @@
 """Build locks that a killed process left behind (torch's just-in-time C++ extensions).
 
-torch compiles a C++ extension (DeepSpeed's CPU Adam; the shared-memory all-reduce of its CPU
-accelerator) under a lock file in the extension's build folder, `lock`, and removes the file
-when the build ends. Another process that wants the extension meanwhile polls until the file
-is gone, with no time limit and no message. A builder killed before it removes the file
-(SIGKILL, the kernel's OOM killer, a CI job's timeout, torchrun ending the other ranks when
-one fails) leaves the file for good, and every later run that needs the extension waits
-forever at its start, printing nothing.
+torch compiles a C++ extension (DeepSpeed's CPU Adam) under a lock file in the extension's
+build folder, `lock`, and removes the file when the build ends. Another process that wants the
+extension meanwhile polls until the file is gone, with no time limit and no message. A builder
+killed before it removes the file (SIGKILL, the kernel's OOM killer, a CI job's timeout,
+torchrun ending the other ranks when one fails) leaves the file for good, and every later run
+that needs the extension waits forever at its start, printing nothing.
 
 A live builder holds the lock file open from creating it to removing it (torch's FileBaton
 keeps the descriptor of its O_EXCL create), so a lock that no process of this machine has open,
@@ -25,9 +24,9 @@ import time
 
 from swiftlite.log import warn
 
-# What DeepSpeed compiles for swiftlite's runs: CPU Adam (ZeRO offload) and, on a CPU, the
-# shared-memory all-reduce.
-DEEPSPEED_OPS = ("cpu_adam", "deepspeed_shm_comm")
+# What DeepSpeed compiles for swiftlite's runs: CPU Adam (ZeRO offload). Its shared-memory
+# all-reduce is never loaded (training/deepspeed.py: _no_shm_all_reduce).
+DEEPSPEED_OPS = ("cpu_adam",)
 LOCAL_FILESYSTEMS = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs",
                      "ramfs", "bcachefs"}
 

@@ -175,8 +175,7 @@ def check_cpu_adam(args, hw) -> None:
     first use: compile (or load) it now, before the model loads, so that a machine without a
     compiler gets one clear error instead of a build log at the first step. Every rank asks;
     torch's extension lock lets one build while the others wait for it; a lock that a killed
-    build left would make them wait forever, so those go first (runtime/build_locks.py; the
-    shared-memory all-reduce that DeepSpeed builds on a CPU shares the folder)."""
+    build left would make them wait forever, so those go first (runtime/build_locks.py)."""
     if not args.deepspeed:
         return
     from swiftlite.runtime.build_locks import clear_stale
@@ -208,6 +207,7 @@ def training_kwargs(args, hw) -> dict:
     if config is None:
         return {}
     _single_process_env()
+    _no_shm_all_reduce()
     if args.resume_from_checkpoint:
         check_resume(args.resume_from_checkpoint)
     kwargs = {"deepspeed": config}
@@ -245,6 +245,17 @@ def _enable_on_cpu(hw) -> bool:
     return True
 
 
+def _no_shm_all_reduce() -> None:
+    """DeepSpeed's communication backend loads its shared-memory all-reduce on its CPU
+    accelerator as it starts: a C++ op compiled for about a minute on a machine's first
+    DeepSpeed run, whose ranks then each map a 67 MB buffer in /dev/shm and never remove it.
+    Only its inference all-reduce (tensor-parallel inference) uses the op; training reduces
+    through torch.distributed. DeepSpeed skips an op its table marks incompatible, and keeps
+    the table for edits such as this one."""
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def zero3_init(args, hw, dtype: str):
     """Under ZeRO-3, an HfDeepSpeedConfig that the caller keeps alive while the model loads:
     transformers then builds the model inside deepspeed.zero.Init, each process holding only
@@ -254,6 +265,7 @@ def zero3_init(args, hw, dtype: str):
     if config is None or zero_stage(config) != 3:
         return None
     _single_process_env()
+    _no_shm_all_reduce()
     _enable_on_cpu(hw)
     # zero.Init reads only the partitioning and dtype settings, but the config must parse:
     # the Trainer fills the "auto" values later, here any valid value does. No
@@ -280,23 +292,6 @@ def _single_process_env() -> None:
         port = s.getsockname()[1]
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-
-
-def release_shm_buffer() -> None:
-    """DeepSpeed's CPU all-reduce (its ops/csrc/cpu/comm/shm.cpp) gives each rank of a
-    one-node run whose launcher sets LOCAL_SIZE (the `deepspeed` launcher does) a shared-memory
-    buffer, /dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>, of 67 MB, and never
-    removes it: every such run would keep world size x 67 MB of RAM taken until a reboot. The
-    backend's init returns once its rank has mapped every other rank's buffer, so after a
-    barrier no rank needs a name any more: each removes its own. The mappings stay valid, and
-    the memory is freed when the ranks exit, however they exit."""
-    from swiftlite.runtime.distributed import barrier
-    env = os.environ
-    path = (f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_{env.get('MASTER_ADDR', '')}_"
-            f"{env.get('MASTER_PORT', '')}_{env.get('RANK', '0')}")
-    barrier()  # every rank: whether a buffer exists is the same on all of them
-    if os.path.exists(path):
-        os.unlink(path)
 
 
 def saved_world_size(ckpt_dir: str) -> int | None:

@@ -115,9 +115,6 @@ def start_run(args, hw, make_trainer):
     try:
         with oom_guard(args, hw):  # the Trainer moves the model to the GPU: it may not fit
             trainer = make_trainer(run_dir)
-        if args.deepspeed:  # its communication backend is set up by now
-            from swiftlite.training.deepspeed import release_shm_buffer
-            release_shm_buffer()
     except BaseException:
         remove_if_empty(run_dir)
         raise

@@ -257,16 +257,19 @@ def test_zero1_two_nodes_by_env_vars_train_together(single, tmp_path):
 
 @pytest.mark.slow
 def test_zero2_deepspeed_launcher_matches_single_process(single, tmp_path):
-    """Also: the shared-memory buffers of DeepSpeed's CPU all-reduce, which its launcher's
-    ranks create in /dev/shm (67 MB each) and never remove, are gone after the run."""
+    """Also: no rank builds or loads DeepSpeed's shared-memory all-reduce (a C++ op that only
+    its inference all-reduce uses, compiled for a minute on a machine's first DeepSpeed run),
+    so none leaves its 67 MB buffer in /dev/shm, as its launcher's ranks did."""
     import glob
     port = free_port()
+    extensions = tmp_path / "torch_extensions"  # where a build would go: empty at the start
     run(["bash", "scripts/deepspeed_launcher.sh", "--per_device_train_batch_size", "2",
          "--save_steps", "100", *TRAIN[4:]],
         child_env(DEEPSPEED="zero2", DS_ARGS="--num_gpus 2", MASTER_PORT=port,
-                  OUTPUT_DIR=tmp_path))
-    assert_same_losses(losses(the_run_dir(tmp_path)), single)
+                  OUTPUT_DIR=tmp_path / "out", TORCH_EXTENSIONS_DIR=extensions))
+    assert_same_losses(losses(the_run_dir(tmp_path / "out")), single)
     assert not glob.glob(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*")
+    assert not (extensions.exists() and os.listdir(extensions)), os.listdir(extensions)
 
 
 @pytest.mark.slow
