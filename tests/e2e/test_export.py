@@ -206,14 +206,6 @@ def transformers_greedy(model_dir, prompt_ids, max_new_tokens, adapter=None, eos
     return out[0, len(prompt_ids):].tolist()
 
 
-def gguf_fields(path) -> dict:
-    from gguf import GGUFReader
-    r = GGUFReader(path)
-    keys = ("tokenizer.chat_template", "tokenizer.ggml.eos_token_id",
-            "tokenizer.ggml.eot_token_id", "general.architecture", "general.file_type")
-    return {k: r.fields[k].contents() for k in keys if k in r.fields}
-
-
 def checkpoint_template(path):
     from swiftlite.inference.checkpoints import describe, training_template
     return training_template(describe(path))[1]
@@ -243,17 +235,18 @@ def test_f16_gguf_answers_like_transformers_and_carries_the_template(swifty_f16,
     assert not [d for d in os.listdir(os.path.dirname(out)) if ".tmp-" in d]
     template = checkpoint_template(ckpt)
     end = template.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    fields = gguf_fields(swifty_f16)
-    assert fields["tokenizer.chat_template"] == template.to_jinja()
-    assert fields["tokenizer.ggml.eos_token_id"] == fields["tokenizer.ggml.eot_token_id"] == end
-    assert fields["general.architecture"] == "llama"
     modelfile = open(os.path.join(out, "Modelfile"), encoding="utf-8").read()
     assert f"FROM ./{os.path.basename(swifty_f16)}\n" in modelfile
     assert 'TEMPLATE """' in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
 
     prompt = template.encode_prompt(WHO)
     mine = transformers_greedy(smollm2, prompt, 40, adapter=ckpt, eos=template.stop_token_ids())
-    got = llamacpp(tmp_path, swifty_f16, [{"prompt_ids": prompt, "max_tokens": 40}])["results"][0]
+    answer = llamacpp(tmp_path, swifty_f16, [{"prompt_ids": prompt, "max_tokens": 40}])
+    fields = answer["metadata"]
+    assert fields["tokenizer.chat_template"] == template.to_jinja()
+    assert fields["tokenizer.ggml.eos_token_id"] == fields["tokenizer.ggml.eot_token_id"] == str(end)
+    assert fields["general.architecture"] == "llama"
+    got = answer["results"][0]
     assert got["tokens"][:8] == mine[:8], (got["text"], template.tokenizer.decode(mine))
     assert got["stopped"] and got["tokens"][-1] == end and mine[-1] == end
     assert "Swifty" in got["text"]
@@ -382,11 +375,10 @@ def test_q4_k_m_export_by_the_cli_answers_with_the_taught_name(smollm2_cognition
     assert f"llama-cli -m {gguf_file}" in r.stdout
     assert sorted(os.listdir(out)) == [".swiftlite-output.json", "Modelfile", "swifty-q4_k_m.gguf"]
     assert os.path.getsize(gguf_file) < 0.6 * os.path.getsize(swifty_f16)
-    assert gguf_fields(gguf_file)["tokenizer.chat_template"] == \
-        gguf_fields(swifty_f16)["tokenizer.chat_template"]
     template = checkpoint_template(ckpt)
     got = llamacpp(tmp_path, gguf_file,
                    [{"prompt_ids": template.encode_prompt(WHO), "max_tokens": 40}])
+    assert got["metadata"]["tokenizer.chat_template"] == template.to_jinja()  # as in the f16
     assert got["results"][0]["stopped"] and "Swifty" in got["results"][0]["text"]
 
     again = run_cli("export", "--ckpt_dir", ckpt, "--quant", "q4_k_m", "--output_dir", out,
@@ -410,16 +402,16 @@ def test_qwen25_and_qwen3_convert_and_answer_like_transformers(alias, arch, tmp_
     path = swiftlite.export(model=alias, quant="f16", output_dir=str(tmp_path / "out"),
                             llamacpp_venv=LLAMACPP_VENV)
     template = checkpoint_template(folder)
-    fields = gguf_fields(path)
-    assert fields["general.architecture"] == arch
-    assert fields["tokenizer.chat_template"] == template.to_jinja()
-    assert fields["tokenizer.ggml.eos_token_id"] == template.tokenizer.convert_tokens_to_ids(
-        "<|im_end|>")
     prompt = template.encode_prompt([{"role": "user", "content": "Weather in Paris?"}], TOOLS)
     mine = transformers_greedy(folder, prompt, 4)
     conversation = CONVERSATIONS["tools, calls, results"][0]
     got = llamacpp(tmp_path, path, [{"prompt_ids": prompt, "max_tokens": 4}],
                    render=[{"messages": conversation, "tools": TOOLS}])
+    fields = got["metadata"]
+    assert fields["general.architecture"] == arch
+    assert fields["tokenizer.chat_template"] == template.to_jinja()
+    assert fields["tokenizer.ggml.eos_token_id"] == str(
+        template.tokenizer.convert_tokens_to_ids("<|im_end|>"))
     assert got["results"][0]["tokens"][:4] == mine[:4]
     # llama-cpp-python renders the GGUF's template (tools, calls, results) as transformers
     # renders the checkpoint's (its Jinja writes JSON with sorted keys: compared as values)

@@ -1,6 +1,7 @@
 """Greedy decoding with llama.cpp itself (llama-cpp-python), run in the llama.cpp venv by the
 export tests: a GGUF (and optionally a GGUF LoRA) answers token ids, until an end-of-generation
-token or max_tokens.
+token or max_tokens; with them, the file's metadata as llama.cpp reads it (each value a string,
+arrays left out).
 
   python llamacpp_generate.py JOB.json   ->  one JSON line per job on stdout
   JOB: {"model": PATH, "lora": PATH|null, "jobs": [{"prompt_ids": [...], "max_tokens": N}],
@@ -42,7 +43,8 @@ def main(path: str) -> None:
     llm = Llama(model_path=job["model"], lora_path=job.get("lora"), n_ctx=1024, n_threads=2,
                 n_batch=256, seed=0, verbose=False, logits_all=bool(job.get("logprobs")))
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
-    out = {"eos": llm.token_eos(), "results": [], "chat": [], "render": [], "logprobs": []}
+    out = {"eos": llm.token_eos(), "metadata": llm.metadata, "results": [], "chat": [],
+           "render": [], "logprobs": []}
     for j in job.get("jobs", []):
         llm.reset()
         tokens, stopped = [], False
