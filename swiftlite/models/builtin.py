@@ -22,6 +22,7 @@ import tempfile
 import zipfile
 
 from swiftlite.errors import RunError
+from swiftlite.models.loader import save_tokenizer
 from swiftlite.runtime.paths import cache_dir
 from swiftlite.log import info
 
@@ -62,8 +63,9 @@ HEADS_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # hidden 64 / 2 h
 # 2: tiny-qwen2.5 and tiny-qwen3 have 32-dim attention heads, the smallest vLLM's CPU
 # attention takes (it rejects head_dim=16 at the first request).
 # tiny-qwen2 2, tiny-qwen2.5 and tiny-qwen3 3: one BPE merge per token (vocab_and_merges).
-BUILDER_VERSIONS = {"SmolLM2-135M-Instruct": "1", "tiny-qwen2": "2", "tiny-qwen2.5": "3",
-                    "tiny-qwen3": "3"}
+# tiny-qwen2 3, tiny-qwen2.5 and tiny-qwen3 4: the added tokens listed (loader.save_tokenizer).
+BUILDER_VERSIONS = {"SmolLM2-135M-Instruct": "1", "tiny-qwen2": "3", "tiny-qwen2.5": "4",
+                    "tiny-qwen3": "4"}
 
 
 def build(alias: str, progress: bool = True) -> str:
@@ -116,7 +118,7 @@ def _build_smollm2(out: str) -> None:
         model = LlamaForCausalLM(gguf_model.config)
         model.load_state_dict(gguf_model.state_dict())
         model.save_pretrained(out)
-        tok.save_pretrained(out)
+        save_tokenizer(tok, out)
         cfg_path = os.path.join(out, "config.json")
         with open(cfg_path) as f:
             cfg = json.load(f)
@@ -232,4 +234,4 @@ def _build_tiny(out: str, series: str, make_tokenizer, make_model) -> None:
     model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643],
                                                pad_token_id=151643)
     model.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_tokenizer(tok, out)

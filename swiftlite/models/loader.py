@@ -1,7 +1,9 @@
-"""Load a tokenizer and a causal LM from a local folder, in the dtype training needs."""
+"""Load a tokenizer and a causal LM from a local folder, in the dtype training needs; save a
+tokenizer so that it loads as fast."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 from collections import OrderedDict
@@ -84,6 +86,33 @@ def _read_tokenizer(model_dir: str, trust_remote_code: bool, torch_free: bool):
     if tok.pad_token is None:  # batching needs one; the EOS token is never a trained pad here
         tok.pad_token = tok.eos_token
     return tok
+
+
+def save_tokenizer(tok, folder: str) -> None:
+    """tok.save_pretrained(folder), with the added tokens listed in tokenizer_config.json
+    (added_tokens_decoder) as the models' own files and transformers 4 have them: transformers 5
+    leaves the list out, and a load without it parses all of tokenizer.json once more only to
+    find them (docs/performance.md: Tokenizer loads)."""
+    tok.save_pretrained(folder)
+    list_added_tokens(tok, folder)
+
+
+def list_added_tokens(tok, folder: str) -> None:
+    """The added_tokens_decoder of tok in folder's tokenizer_config.json, if it has none."""
+    path = os.path.join(folder, "tokenizer_config.json")
+    added = getattr(tok, "added_tokens_decoder", None)
+    if not added or not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        config = json.load(f)
+    if "added_tokens_decoder" in config:
+        return
+    config["added_tokens_decoder"] = {str(i): t.__getstate__() for i, t in sorted(added.items())}
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    os.replace(tmp, path)  # a run stopped meanwhile leaves the file transformers wrote
 
 
 def torch_dtype(name: str):

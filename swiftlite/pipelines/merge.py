@@ -96,7 +96,7 @@ def check_base(args, ckpt) -> None:
 def _merge(args: MergeArguments, ckpt, out: str, tmp: str, t0: float) -> str:
     from swiftlite.export import streaming_merge as ms
     from swiftlite.models.safetensors_files import base_index, tensor_meta
-    from swiftlite.models.loader import load_tokenizer, torch_dtype
+    from swiftlite.models.loader import load_tokenizer, save_tokenizer, torch_dtype
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(ckpt.base_dir)
@@ -137,7 +137,7 @@ def _merge(args: MergeArguments, ckpt, out: str, tmp: str, t0: float) -> str:
     config.save_pretrained(tmp)
     _save_generation_config(ckpt.base_dir, config, template, tokenizer, tmp)
     tokenizer.chat_template = template.to_jinja()
-    tokenizer.save_pretrained(tmp)
+    save_tokenizer(tokenizer, tmp)
     with open(os.path.join(tmp, "swiftlite.json"), "w", encoding="utf-8") as f:
         json.dump({"template": template.name, "system": template.saved_system,
                    "enable_thinking": template.enable_thinking,

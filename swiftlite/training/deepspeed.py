@@ -328,6 +328,8 @@ def consolidate(ckpt_dir: str, output_dir: str | None = None, tokenizer: bool = 
     """
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from swiftlite.models.loader import save_tokenizer
     if saved_world_size(ckpt_dir) is None:
         raise UsageError(f"{ckpt_dir}: no ZeRO checkpoint (global_step*/ with optimizer shards) "
                          "to consolidate.")
@@ -350,7 +352,7 @@ def consolidate(ckpt_dir: str, output_dir: str | None = None, tokenizer: bool = 
     model.save_pretrained(output_dir, safe_serialization=True)
     if tokenizer:
         try:
-            AutoTokenizer.from_pretrained(ckpt_dir).save_pretrained(output_dir)
+            save_tokenizer(AutoTokenizer.from_pretrained(ckpt_dir), output_dir)
         except (OSError, ValueError):
             pass  # a checkpoint without tokenizer files: the weights are still usable
     info(f"consolidated {ckpt_dir} -> {output_dir}")

@@ -85,7 +85,10 @@ def trainer_class(chunked_loss: bool):
             for name in kept:
                 object.__setattr__(self.args, name, None)
             try:
-                return super()._save(output_dir, state_dict)
+                super()._save(output_dir, state_dict)
+                if self.processing_class is not None and self.args.should_save:
+                    from swiftlite.models.loader import list_added_tokens
+                    list_added_tokens(self.processing_class, output_dir or self.args.output_dir)
             finally:
                 for name, value in kept.items():
                     object.__setattr__(self.args, name, value)
