@@ -63,8 +63,9 @@ HEADS_32 = dict(num_attention_heads=2, num_key_value_heads=1)  # hidden 64 / 2 h
 # 2: tiny-qwen2.5 and tiny-qwen3 have 32-dim attention heads, the smallest vLLM's CPU
 # attention takes (it rejects head_dim=16 at the first request).
 # tiny-qwen2 2, tiny-qwen2.5 and tiny-qwen3 3: one BPE merge per token (vocab_and_merges).
-# tiny-qwen2 3, tiny-qwen2.5 and tiny-qwen3 4: the added tokens listed (loader.save_tokenizer).
-BUILDER_VERSIONS = {"SmolLM2-135M-Instruct": "1", "tiny-qwen2": "3", "tiny-qwen2.5": "4",
+# SmolLM2 2, tiny-qwen2 3, tiny-qwen2.5 and tiny-qwen3 4: the added tokens listed
+# (loader.save_tokenizer).
+BUILDER_VERSIONS = {"SmolLM2-135M-Instruct": "2", "tiny-qwen2": "3", "tiny-qwen2.5": "4",
                     "tiny-qwen3": "4"}
 
 
