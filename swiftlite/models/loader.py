@@ -9,6 +9,7 @@ import threading
 from collections import OrderedDict
 
 from swiftlite.errors import UsageError
+from swiftlite.runtime.atomic import write_json
 
 # One process often loads the same tokenizer again: the Python API (sft, then merge, infer,
 # eval), the Web-UI, the test suite. Reading a vocabulary (transformers parses tokenizer.json,
@@ -108,11 +109,7 @@ def list_added_tokens(tok, folder: str) -> None:
     if "added_tokens_decoder" in config:
         return
     config["added_tokens_decoder"] = {str(i): t.__getstate__() for i, t in sorted(added.items())}
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)  # a run stopped meanwhile leaves the file transformers wrote
+    write_json(path, config, indent=2)  # a run stopped meanwhile leaves the file transformers wrote
 
 
 def torch_dtype(name: str):
